@@ -1,0 +1,40 @@
+"""RolloutPipe's pipeline policy: pure Python, shared by the real trainer and the simulator.
+
+Imports nothing from verl, vllm, ray or torch (a test checks it); matplotlib is loaded only to draw a Gantt chart.
+"""
+
+from .clock import Clock, ManualClock, MonotonicClock
+from .fifo import CompleteGroupFIFO, Dispatch, DispatchMode
+from .frontier import (
+    AdaptiveFrontierAdmission,
+    Admission,
+    AdmissionPolicy,
+    FifoAdmission,
+    FrontierAdmission,
+    make_admission,
+)
+from .ledger import GroupLedger, GroupRecord, GroupState, PipelineInvariantError
+from .timeline import PREFIX, RoundTimeline, TrainerInterval, plot_gantt
+
+__all__ = [
+    "PREFIX",
+    "AdaptiveFrontierAdmission",
+    "Admission",
+    "AdmissionPolicy",
+    "Clock",
+    "CompleteGroupFIFO",
+    "Dispatch",
+    "DispatchMode",
+    "FifoAdmission",
+    "FrontierAdmission",
+    "GroupLedger",
+    "GroupRecord",
+    "GroupState",
+    "ManualClock",
+    "MonotonicClock",
+    "PipelineInvariantError",
+    "RoundTimeline",
+    "TrainerInterval",
+    "make_admission",
+    "plot_gantt",
+]

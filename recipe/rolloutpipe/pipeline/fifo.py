@@ -1,0 +1,111 @@
+"""CGP: the FIFO of materialized groups the trainer consumes, and where the optimizer steps fall.
+
+The FIFO is a cursor over the ledger's materialization order, so a group cannot be queued twice or skipped.
+Mode ``sync`` is the serial baseline on the same code path: nothing is released until the round's data is final.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from .ledger import GroupLedger, PipelineInvariantError
+
+DispatchMode = Literal["sync", "cgp"]
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Whole groups handed to the trainer in one call. ``ends_step``: take the optimizer step after training them."""
+
+    group_ids: tuple[int, ...]
+    step_index: int
+    ends_step: bool
+    version: int
+
+
+class CompleteGroupFIFO:
+    """Releases materialized groups in materialization order, never across an optimizer-step boundary.
+
+    ``step_groups`` (U) is the number of groups per optimizer step, the same boundary a serial run has. If the round
+    ends short (filter cap hit), its last step has fewer groups.
+    """
+
+    def __init__(self, ledger: GroupLedger, mode: DispatchMode, step_groups: int) -> None:
+        if mode not in ("sync", "cgp"):
+            raise ValueError(f"dispatch mode must be 'sync' or 'cgp', got {mode!r}")
+        if step_groups < 1:
+            raise ValueError(f"step_groups (U) must be >= 1, got {step_groups}")
+        self.ledger = ledger
+        self.mode = mode
+        self.step_groups = step_groups
+        self._cursor = 0  # groups dispatched so far (index into materialization_order)
+        self._step_open = False  # groups of the current step were dispatched without ``ends_step``
+
+    @property
+    def num_dispatched(self) -> int:
+        return self._cursor
+
+    def __len__(self) -> int:
+        """Groups materialized but not yet dispatched (held back in sync mode, too)."""
+        return len(self.ledger.materialization_order) - self._cursor
+
+    def releasable(self) -> int:
+        if self.mode == "sync" and not self.ledger.rollout_closed:
+            return 0
+        return len(self)
+
+    def has_work(self) -> bool:
+        """``take()`` would return a dispatch now (ignoring ``whole_step``)."""
+        return self.releasable() > 0 or self.pending_step_end
+
+    @property
+    def exhausted(self) -> bool:
+        """Every trainable group of the round has been dispatched (and its step closed)."""
+        return self.ledger.rollout_closed and self._cursor == self.ledger.num_trainable
+
+    @property
+    def pending_step_end(self) -> bool:
+        """The round closed short with a step still open: ``take()`` returns the empty closing dispatch."""
+        return self._step_open and self.exhausted
+
+    def _left_in_step(self) -> int:
+        return self.step_groups - self._cursor % self.step_groups
+
+    def take(self, max_groups: int | None = None, whole_step: bool = False) -> Dispatch | None:
+        """Next groups for the trainer, or None if none may go now.
+
+        ``max_groups`` caps the call (a micro-batch of groups); ``whole_step`` waits until the rest of the current
+        optimizer step is available, so the trainer can do one call per step (cheaper on Ray). If the round closes
+        short while a step is open (its last groups were filtered), one empty dispatch with ``ends_step`` says
+        "take that step now".
+        """
+        if max_groups is not None and max_groups < 1:
+            raise ValueError(f"max_groups must be >= 1, got {max_groups}")
+        avail = self.releasable()
+        if avail == 0:
+            if self._step_open and self.exhausted:
+                self._step_open = False
+                return Dispatch((), self._cursor // self.step_groups, ends_step=True, version=self.ledger.version)
+            return None
+        left = self._left_in_step()
+        final = self.ledger.rollout_closed  # no more groups will arrive: a short last step is allowed
+        if whole_step and avail < left and not final:
+            return None
+        n = min(avail, left, max_groups or left)
+        start = self._cursor
+        step_index = start // self.step_groups
+        ids = tuple(self.ledger.materialization_order[start : start + n])
+        for gid in ids:
+            self.ledger.dispatch(gid, step_index)
+        self._cursor += n
+        ends_step = n == left or (final and self._cursor == self.ledger.num_trainable)
+        self._step_open = not ends_step
+        return Dispatch(group_ids=ids, step_index=step_index, ends_step=ends_step, version=self.ledger.version)
+
+    def check_drained(self) -> None:
+        if not self.exhausted:
+            raise PipelineInvariantError(
+                f"round v{self.ledger.version} ended with {self.ledger.num_trainable - self._cursor} trainable "
+                "groups never dispatched"
+            )

@@ -1,0 +1,115 @@
+"""FGD: which groups' requests enter the rollout engine, and with what priority.
+
+The *frontier* is the ``width`` lowest-order groups that are not yet serving-complete; it refills as they complete.
+``hold`` keeps every other group out of the engine; ``priority`` submits everything with a priority value that vLLM's
+``scheduling_policy=priority`` serves lowest-first. Plain FIFO admission (``FifoAdmission``) is the CGP baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from .ledger import GroupLedger, GroupRecord, GroupState
+
+FgdStrength = Literal["hold", "priority"]
+_NOT_DONE = (GroupState.SUBMITTED, GroupState.ADMITTED)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Let the K requests of ``group_id`` enter the engine with this priority (lower = earlier)."""
+
+    group_id: int
+    priority: int
+
+
+class AdmissionPolicy(Protocol):
+    def admit(self, ledger: GroupLedger) -> list[Admission]:
+        """Groups to admit now (marked admitted in the ledger). Call at round start and after each completion."""
+        ...
+
+
+def _admit_all(ledger: GroupLedger, records: list[GroupRecord], priority_of_order: bool) -> list[Admission]:
+    out = []
+    for rec in records:
+        ledger.admit(rec.order)
+        out.append(Admission(rec.order, rec.order if priority_of_order else 0))
+    return out
+
+
+class FifoAdmission:
+    """Everything enters at once, engine FCFS: the plain CGP baseline (and what the sync baseline uses)."""
+
+    def admit(self, ledger: GroupLedger) -> list[Admission]:
+        return _admit_all(ledger, ledger.in_state(GroupState.SUBMITTED), priority_of_order=False)
+
+
+class FrontierAdmission:
+    """Frontier-group dispatch with a fixed frontier width ``F_w``."""
+
+    def __init__(self, width: int, strength: FgdStrength = "hold") -> None:
+        if width < 1:
+            raise ValueError(f"frontier width must be >= 1, got {width}")
+        if strength not in ("hold", "priority"):
+            raise ValueError(f"fgd strength must be 'hold' or 'priority', got {strength!r}")
+        self.width = width
+        self.strength = strength
+
+    def current_width(self, ledger: GroupLedger) -> int:
+        return self.width
+
+    def frontier(self, ledger: GroupLedger) -> list[int]:
+        """The F_w lowest-order groups not yet serving-complete."""
+        return [g.order for g in ledger.in_state(*_NOT_DONE)[: self.current_width(ledger)]]
+
+    def admit(self, ledger: GroupLedger) -> list[Admission]:
+        if self.strength == "priority":
+            # Priorities are fixed when a request enters vLLM, so encode the frontier rank statically as the
+            # submission order: whatever the frontier is later, its groups carry the lowest values still waiting.
+            return _admit_all(ledger, ledger.in_state(GroupState.SUBMITTED), priority_of_order=True)
+        front = set(self.frontier(ledger))
+        waiting = [g for g in ledger.in_state(GroupState.SUBMITTED) if g.order in front]
+        return _admit_all(ledger, waiting, priority_of_order=True)
+
+
+class AdaptiveFrontierAdmission(FrontierAdmission):
+    """``hold`` with a width that grows to keep the engine's batch full (the paper leaves this as future work).
+
+    A fixed F_w = U starves the engine when a frontier group has a long tail: only its few unfinished sequences
+    decode. Here the width is the smallest number of groups whose *unfinished* requests fill ``target_running``
+    engine slots, between ``min_width`` (keeps the next step's groups first) and ``max_width``.
+    """
+
+    def __init__(self, min_width: int, target_running: int, max_width: int | None = None) -> None:
+        super().__init__(min_width, "hold")
+        if target_running < 1:
+            raise ValueError(f"target_running must be >= 1, got {target_running}")
+        self.target_running = target_running
+        self.max_width = max_width
+
+    def current_width(self, ledger: GroupLedger) -> int:
+        width, running = 0, 0
+        for g in ledger.in_state(*_NOT_DONE):
+            if width >= self.width and running >= self.target_running:
+                break
+            if self.max_width is not None and width >= self.max_width:
+                break
+            width += 1
+            running += g.group_size - g.finished_requests
+        return max(width, 1)
+
+
+def make_admission(
+    mode: str, frontier_width: int, strength: FgdStrength = "hold", target_running: int | None = None
+) -> AdmissionPolicy:
+    """The admission policy of a RolloutPipe mode (``sync``, ``cgp``, ``cgp_fgd``, ``cgp_fgd_adaptive``)."""
+    if mode in ("sync", "cgp"):
+        return FifoAdmission()
+    if mode == "cgp_fgd":
+        return FrontierAdmission(frontier_width, strength)
+    if mode == "cgp_fgd_adaptive":
+        if target_running is None:
+            raise ValueError("cgp_fgd_adaptive needs target_running (the engine's max running sequences)")
+        return AdaptiveFrontierAdmission(frontier_width, target_running)
+    raise ValueError(f"unknown rolloutpipe mode {mode!r}: use sync, cgp, cgp_fgd or cgp_fgd_adaptive")

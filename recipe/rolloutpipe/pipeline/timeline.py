@@ -1,0 +1,211 @@
+"""RoundTimeline: what happened in one round, on a real or simulated clock, and the metrics of DESIGN.md §4.
+
+Group times come from the ledger (every transition is stamped there); the trainer's busy intervals and the weight
+publication are recorded here. A timeline round-trips through JSON (``to_dict`` / ``from_dict``), which is what the
+simulator calibrates from.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .clock import Clock
+from .ledger import GroupLedger, GroupState
+
+PREFIX = "rolloutpipe/"
+_ROLLOUT_DONE = (GroupState.MATERIALIZED.value, GroupState.FILTERED.value)
+
+
+@dataclass(frozen=True)
+class TrainerInterval:
+    """The trainer was computing from ``start`` to ``end`` on ``group_ids`` (of optimizer step ``step_index``)."""
+
+    start: float
+    end: float
+    step_index: int
+    group_ids: tuple[int, ...] = ()
+    kind: str = "train"
+
+
+class RoundTimeline:
+    def __init__(self, ledger: GroupLedger | None, clock: Clock | None = None) -> None:
+        self.ledger = ledger
+        self.clock = clock or (ledger.clock if ledger else None)
+        self.intervals: list[TrainerInterval] = []
+        self.publish: tuple[float, float] | None = None
+        self._groups: list[dict[str, Any]] | None = None  # set when loaded from JSON
+
+    # ---- recording ---------------------------------------------------------------------------------------------
+    def trainer_busy(
+        self, start: float, end: float, step_index: int, group_ids: tuple[int, ...] = (), kind: str = "train"
+    ) -> None:
+        if end < start:
+            raise ValueError(f"trainer interval ends before it starts: {start} > {end}")
+        self.intervals.append(TrainerInterval(start, end, step_index, tuple(group_ids), kind))
+
+    def published(self, start: float, end: float) -> None:
+        self.publish = (start, end)
+
+    # ---- data --------------------------------------------------------------------------------------------------
+    @property
+    def groups(self) -> list[dict[str, Any]]:
+        if self._groups is not None:
+            return self._groups
+        assert self.ledger is not None
+        return [
+            {"order": g.order, "state": g.state.value, "step_index": g.step_index, "times": dict(g.times)}
+            for g in self.ledger.groups
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.ledger.version if self.ledger else None,
+            "groups": self.groups,
+            "intervals": [asdict(iv) for iv in self.intervals],
+            "publish": list(self.publish) if self.publish else None,
+            "metrics": self.metrics(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RoundTimeline:
+        tl = cls(None)
+        tl._groups = data["groups"]
+        tl.intervals = [TrainerInterval(**{**iv, "group_ids": tuple(iv["group_ids"])}) for iv in data["intervals"]]
+        tl.publish = tuple(data["publish"]) if data.get("publish") else None
+        return tl
+
+    # ---- metrics -----------------------------------------------------------------------------------------------
+    def _times(self, state: str) -> list[float]:
+        return [g["times"][state] for g in self.groups if state in g["times"]]
+
+    def metrics(self) -> dict[str, float]:
+        """DESIGN.md §4, seconds relative to the first admission of the round."""
+        admits = self._times(GroupState.ADMITTED.value)
+        if not admits or not self.intervals:
+            return {}
+        t0 = min(admits)
+        train_end = max(iv.end for iv in self.intervals)
+        window = train_end - t0
+        busy = sum(max(0.0, min(iv.end, train_end) - max(iv.start, t0)) for iv in self.intervals)
+        t_train = sum(iv.end - iv.start for iv in self.intervals)
+        rollout_done = [g["times"][s] for g in self.groups for s in _ROLLOUT_DONE if s in g["times"]]
+        t_rollout = max(rollout_done) - t0
+        materialized = self._times(GroupState.MATERIALIZED.value)
+        first_ready = (min(materialized) - t0) if materialized else math.nan
+        last_step = max(iv.step_index for iv in self.intervals)
+        t_last_step = sum(iv.end - iv.start for iv in self.intervals if iv.step_index == last_step)
+        ideal = max(t_rollout + t_last_step, first_ready + t_train)
+        serial = t_rollout + t_train
+        wait = max(0.0, window - busy)
+        counts = {s: sum(1 for g in self.groups if g["state"] == s) for s in (GroupState.FILTERED.value,)}
+        m = {
+            "rollout_to_train_end_s": window,
+            "trainer_wait_ratio": wait / window if window > 0 else 0.0,
+            "trainer_wait_s": wait,
+            "trainer_busy_s": t_train,
+            "trainer_wait_before_first_s": min(iv.start for iv in self.intervals) - t0,
+            "first_dispatch_s": first_ready,
+            "rollout_s": t_rollout,
+            "ideal_s": ideal,
+            "serial_estimate_s": serial,
+            "overlap_efficiency": (serial - window) / (serial - ideal) if serial - ideal > 1e-9 else math.nan,
+            "groups_trained": float(sum(len(iv.group_ids) for iv in self.intervals if iv.kind == "train")),
+            "groups_filtered": float(counts[GroupState.FILTERED.value]),
+        }
+        if self.publish:
+            m["publish_s"] = self.publish[1] - self.publish[0]
+        return {PREFIX + k: float(v) for k, v in m.items()}
+
+    # ---- outputs -----------------------------------------------------------------------------------------------
+    def chrome_trace(self, name: str = "round") -> dict[str, Any]:
+        """Chrome-trace JSON (open in Perfetto / chrome://tracing): one track per group, one for the trainer."""
+        us = 1e6
+        ev: list[dict[str, Any]] = [
+            {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": f"{name}: rollout groups"}},
+            {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": f"{name}: trainer"}},
+        ]
+        for g in self.groups:
+            t = g["times"]
+            ev.append({"ph": "M", "pid": 1, "tid": g["order"], "name": "thread_name",
+                       "args": {"name": f"group {g['order']}"}})
+            for label, a, b in _group_phases(t):
+                ev.append({"ph": "X", "pid": 1, "tid": g["order"], "name": label, "ts": a * us, "dur": (b - a) * us})
+        for iv in self.intervals:
+            ev.append({"ph": "X", "pid": 2, "tid": 0, "name": f"{iv.kind} step {iv.step_index}", "ts": iv.start * us,
+                       "dur": (iv.end - iv.start) * us, "args": {"groups": list(iv.group_ids)}})
+        if self.publish:
+            a, b = self.publish
+            ev.append({"ph": "X", "pid": 2, "tid": 1, "name": "publish weights", "ts": a * us, "dur": (b - a) * us})
+        return {"traceEvents": ev, "displayTimeUnit": "ms"}
+
+    def write(self, out_dir: str | Path, stem: str) -> list[Path]:
+        """Write ``stem.json`` (this timeline), ``stem.trace.json`` (Chrome trace) and ``stem.png`` (Gantt)."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = [out / f"{stem}.json", out / f"{stem}.trace.json", out / f"{stem}.png"]
+        paths[0].write_text(json.dumps(self.to_dict(), indent=1))
+        paths[1].write_text(json.dumps(self.chrome_trace(stem)))
+        plot_gantt([self], [stem], paths[2])
+        return paths
+
+
+_PHASES = (
+    ("queued", "submitted", "admitted", "#d9d9d9"),
+    ("generating", "admitted", "serving_complete", "#4c72b0"),
+    ("reward+advantage", "serving_complete", ("materialized", "filtered"), "#dd8452"),
+    ("in FIFO", "materialized", "dispatched", "#c7e9c0"),
+    ("training", "dispatched", "consumed", "#55a868"),
+)
+
+
+def _group_phases(t: dict[str, float]) -> list[tuple[str, float, float]]:
+    out = []
+    for label, a, b, _ in _PHASES:
+        ends = (b,) if isinstance(b, str) else b
+        end = next((t[e] for e in ends if e in t), None)
+        if a in t and end is not None:
+            out.append((label, t[a], end))
+    return out
+
+
+def plot_gantt(timelines: list[RoundTimeline], labels: list[str], path: str | Path) -> Path:
+    """Stacked Gantt charts (one panel per timeline, shared time axis from each round's first admission)."""
+    import matplotlib  # lazy: the pipeline package stays import-light
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(11, 2.2 + 2.4 * len(timelines)), squeeze=False,
+                             sharex=True)
+    colors = {label: c for label, _, _, c in _PHASES}
+    for ax, tl, label in zip(axes[:, 0], timelines, labels):
+        admits = tl._times("admitted")
+        t0 = min(admits) if admits else 0.0
+        n = len(tl.groups)
+        for g in tl.groups:
+            for phase, a, b in _group_phases(g["times"]):
+                ax.barh(g["order"] + 1, b - a, left=a - t0, color=colors[phase], height=0.8)
+        for iv in tl.intervals:
+            ax.barh(0, iv.end - iv.start, left=iv.start - t0, color="#8c1c13" if iv.kind == "train" else "#999",
+                    height=0.8, edgecolor="white", linewidth=0.5)
+        if tl.publish:
+            ax.barh(0, tl.publish[1] - tl.publish[0], left=tl.publish[0] - t0, color="#ffbf00", height=0.8)
+        ax.set_yticks([0] + ([1, n] if n else []))
+        ax.set_yticklabels(["trainer"] + (["group 0", f"group {n - 1}"] if n else []))
+        ax.invert_yaxis()
+        m = tl.metrics()
+        ax.set_title(f"{label}: rollout_to_train_end {m.get(PREFIX + 'rollout_to_train_end_s', math.nan):.2f}s, "
+                     f"trainer wait {100 * m.get(PREFIX + 'trainer_wait_ratio', math.nan):.0f}%", fontsize=10)
+    axes[-1, 0].set_xlabel("seconds since the round's first admission")
+    handles = [Patch(color=c, label=lbl) for lbl, _, _, c in _PHASES]
+    handles += [Patch(color="#8c1c13", label="trainer busy"), Patch(color="#ffbf00", label="publish")]
+    fig.legend(handles=handles, loc="lower center", ncol=7, fontsize=8)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
