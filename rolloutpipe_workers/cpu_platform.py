@@ -1,0 +1,153 @@
+"""A CPU platform for verl 0.9.1 (device ``cpu``, backend ``gloo``), registered through verl's platform registry.
+
+verl 0.9.1 ships CUDA/NPU/ROCm platforms only, so on a CPU-only host it falls back to ``nvidia`` and asks for NCCL.
+This module is loaded by verl itself (entry point group ``verl.plugins``, see pyproject.toml) in the driver and in
+every Ray worker. Auto-detection probes the built-in platforms first, so on a GPU host this platform is never picked;
+``VERL_PLATFORM=cpu`` forces it.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from contextlib import contextmanager
+from typing import Any
+
+import psutil
+import torch
+from verl.plugin.platform.platform_base import PlatformBase
+from verl.plugin.platform.platform_manager import PlatformRegistry
+
+
+def _cpu_device_module() -> types.ModuleType:
+    """``torch.cpu`` plus the ``torch.cuda``-style helpers verl calls on its device module."""
+    mod = types.ModuleType("rolloutpipe_cpu_device")
+    for name in dir(torch.cpu):
+        if not name.startswith("__"):
+            setattr(mod, name, getattr(torch.cpu, name))
+    noop = lambda *a, **k: None  # noqa: E731 - caching allocators do not exist on CPU
+    zero = lambda *a, **k: 0  # noqa: E731
+    mod.empty_cache = noop
+    mod.ipc_collect = noop
+    mod.set_per_process_memory_fraction = noop
+    mod.reset_peak_memory_stats = noop
+    mod.memory_allocated = mod.memory_reserved = mod.max_memory_allocated = mod.max_memory_reserved = zero
+    mod.get_rng_state = lambda *a, **k: torch.get_rng_state()
+    mod.set_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    mod.manual_seed = mod.manual_seed_all = lambda seed: torch.manual_seed(seed)
+    mod.get_device_name = lambda *a, **k: "cpu"
+    mod.is_available = lambda: True
+    mod.device_count = lambda: 1
+    mod.current_device = lambda: "cpu"
+
+    def mem_get_info(*a: Any, **k: Any) -> tuple[int, int]:
+        vm = psutil.virtual_memory()
+        return vm.available, vm.total
+
+    mod.mem_get_info = mem_get_info
+    return mod
+
+
+@PlatformRegistry.register(platform="cpu")
+class PlatformCPU(PlatformBase):
+    _device_module = _cpu_device_module()
+
+    @property
+    def device_name(self) -> str:
+        return "cpu"
+
+    @property
+    def vendor_name(self) -> str:
+        return "cpu"
+
+    @property
+    def device_module(self) -> types.ModuleType:
+        return self._device_module
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_platform_available(self, use_smi_check: bool = False) -> bool:
+        # Probed after nvidia/npu/rocm: only chosen when none of them is there.
+        return not torch.cuda.is_available()
+
+    def current_device(self) -> str:  # type: ignore[override] - verl does `.to(get_device_id())`
+        return "cpu"
+
+    def device_count(self) -> int:
+        return 1
+
+    def set_device(self, device_index: int) -> None:
+        return None
+
+    def synchronize(self, device_index: int | None = None) -> None:
+        return None
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def set_allocator_settings(self, settings: str) -> None:
+        return None
+
+    def empty_cache(self) -> None:
+        return None
+
+    def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
+        return None, None
+
+    def communication_backend_name(self) -> str:
+        return "gloo"
+
+    def visible_devices_envvar(self) -> str:
+        # Ray sets CUDA_VISIBLE_DEVICES for the fake "GPU" bundles verl asks for; nothing reads it on CPU.
+        return "CUDA_VISIBLE_DEVICES"
+
+    @contextmanager
+    def nvtx_range(self, msg: str):
+        yield
+
+    def profiler_start(self) -> None:
+        return None
+
+    def profiler_stop(self) -> None:
+        return None
+
+    def ray_resource_name(self) -> str:
+        # verl's placement groups ask for "GPU" bundles; on CPU the driver gives Ray fake GPUs (logical slots).
+        return "GPU"
+
+    def ray_noset_envvars(self) -> list[str]:
+        return []
+
+    def is_ipc_supported(self) -> bool:
+        return False
+
+    def cudart(self) -> Any:
+        return None
+
+
+def register_cpu_engines() -> None:
+    """Make verl's FSDP engines (device-generic code) selectable on device ``cpu``."""
+    from verl.workers.engine.base import EngineRegistry
+    from verl.workers.engine.fsdp import transformer_impl as fsdp
+
+    for model_type, cls in (("language_model", fsdp.FSDPEngineWithLMHead), ("value_model", fsdp.FSDPEngineWithValueHead)):
+        for backend in ("fsdp", "fsdp2"):
+            EngineRegistry._engines.setdefault(model_type, {}).setdefault(backend, {}).setdefault("cpu", cls)
+
+
+def on_cpu() -> bool:
+    from verl.plugin.platform import get_platform
+
+    return get_platform().device_name == "cpu"
+
+
+# Loaded as verl's entry point: the platform above is registered by the decorator; the engines only on CPU hosts.
+if not torch.cuda.is_available():
+    try:
+        register_cpu_engines()
+    except ImportError as e:  # pragma: no cover - surfaced by tests/test_cpu_stack.py
+        print(f"rolloutpipe: could not register verl's FSDP engines for CPU: {e}", file=sys.stderr)
