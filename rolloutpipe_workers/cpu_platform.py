@@ -139,15 +139,37 @@ def register_cpu_engines() -> None:
             EngineRegistry._engines.setdefault(model_type, {}).setdefault(backend, {}).setdefault("cpu", cls)
 
 
+def patch_process_group_backend() -> None:
+    """verl builds the backend string ``cpu:gloo,{device}:{backend}``, which is ``cpu:gloo,cpu:gloo`` here and
+    torch rejects (``Duplicate device type cpu``). On CPU the default group is plain ``gloo``."""
+    import verl.utils.distributed as dist
+
+    orig = dist.initialize_global_process_group_ray
+    if getattr(orig, "_rolloutpipe_cpu", False):
+        return
+
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):  # noqa: ANN001, ANN202
+        return orig(timeout_second=timeout_second, backend=backend or "gloo")
+
+    initialize_global_process_group_ray._rolloutpipe_cpu = True
+    # Modules that imported the name before this ran hold their own reference: update those too.
+    for name in ("verl.utils.distributed", "verl.workers.engine_workers", "verl.checkpoint_engine.base"):
+        mod = sys.modules.get(name)
+        if mod is not None and getattr(mod, "initialize_global_process_group_ray", None) is orig:
+            mod.initialize_global_process_group_ray = initialize_global_process_group_ray
+
+
 def on_cpu() -> bool:
     from verl.plugin.platform import get_platform
 
     return get_platform().device_name == "cpu"
 
 
-# Loaded as verl's entry point: the platform above is registered by the decorator; the engines only on CPU hosts.
+# Loaded as verl's entry point: the platform above is registered by the decorator; the rest only on CPU hosts.
 if not torch.cuda.is_available():
     try:
+        patch_process_group_backend()
         register_cpu_engines()
+        patch_process_group_backend()  # engine imports above may have bound the original name
     except ImportError as e:  # pragma: no cover - surfaced by tests/test_cpu_stack.py
         print(f"rolloutpipe: could not register verl's FSDP engines for CPU: {e}", file=sys.stderr)

@@ -1,0 +1,79 @@
+"""``python -m recipe.rolloutpipe.main key=value ...``: Hydra entry (config/rolloutpipe.yaml = verl's ppo_trainer
+plus a ``rolloutpipe:`` block). With no overrides it runs the embedded default on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "config")
+EMBEDDED = "embedded"
+
+
+def resolve_embedded(config: DictConfig) -> None:
+    """Replace every ``embedded`` path with the locally built default (built on first use, then cached)."""
+    paths = {
+        "data.train_files": "train.parquet",
+        "data.val_files": "val.parquet",
+        "actor_rollout_ref.model.path": "model",
+        "reward.custom_reward_function.path": None,
+    }
+    if not any(OmegaConf.select(config, k) == EMBEDDED for k in paths):
+        return
+    from .prepare import DefaultSpec, ensure_default
+
+    root = ensure_default(DefaultSpec(seed=int(config.rolloutpipe.embedded_seed)))
+    with open_dict(config):
+        for key, name in paths.items():
+            if OmegaConf.select(config, key) == EMBEDDED:
+                value = str(root / name) if name else str(Path(__file__).with_name("task.py"))
+                OmegaConf.update(config, key, value, merge=False)
+
+
+def prepare_runtime(config: DictConfig) -> None:
+    """Environment checks and Ray start-up, before any worker exists."""
+    from rolloutpipe_workers.check_env import check_or_exit
+
+    check_or_exit(need_vllm=True)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.rolloutpipe.vllm_cpu_kvcache_gib))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    resolve_embedded(config)
+    import ray
+
+    if not ray.is_initialized():
+        from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+        from rolloutpipe_workers.cpu_platform import on_cpu
+
+        kwargs = {"runtime_env": get_ppo_ray_runtime_env(config), "include_dashboard": False}
+        if on_cpu():
+            # verl asks for "GPU" bundles and several CPUs per worker: advertise logical slots (docs/cpu_stack.md).
+            gpus = config.trainer.nnodes * config.trainer.n_gpus_per_node
+            gpus += config.actor_rollout_ref.rollout.nnodes * config.actor_rollout_ref.rollout.n_gpus_per_node
+            kwargs.update(num_cpus=int(config.rolloutpipe.ray_num_cpus), num_gpus=gpus)
+        ray.init(**kwargs)
+
+
+def run(config: DictConfig) -> None:
+    prepare_runtime(config)
+    trainer = config.rolloutpipe.trainer
+    if trainer == "stock":
+        from verl.trainer.main_ppo import run_ppo
+        from verl.trainer.main_ppo_v0 import TaskRunner
+
+        run_ppo(config, task_runner_class=TaskRunner)
+    else:
+        raise SystemExit(f"rolloutpipe: rolloutpipe.trainer={trainer!r} is not available: use 'stock'")
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="rolloutpipe", version_base=None)
+def main(config: DictConfig) -> None:
+    run(config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""Build the embedded default deterministically from a seed, with no download:
+
+- a byte-level BPE tokenizer (digits split one per token) trained locally, with a ChatML chat template;
+- a tiny Qwen3-architecture model (hidden 128, 2 layers, vocab 512, tied embeddings), fp32;
+- a short supervised warm start on the arithmetic task, so that sampled groups of K answers disagree (GRPO needs
+  non-zero reward variance inside a group to learn);
+- verl RL parquet files (``prompt``, ``data_source``, ``reward_model.ground_truth``, ``extra_info``).
+
+``python -m recipe.rolloutpipe.prepare`` builds it (≈ 70 s on 2 cores) into the cache and prints where;
+:func:`ensure_default` builds lazily on first use and reuses the cache afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+BUILD_VERSION = 1  # bump when the recipe below changes: it keys the cache
+
+
+@dataclass(frozen=True)
+class DefaultSpec:
+    seed: int = 0
+    vocab_size: int = 512
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 384
+    train_prompts: int = 4096
+    val_prompts: int = 256
+    sft_steps: int = 1800
+    sft_batch: int = 64
+    sft_lr: float = 3e-3
+    group_size: int = 8  # K used to report the reward-variance fraction
+
+    def key(self) -> str:
+        blob = json.dumps({**asdict(self), "build": BUILD_VERSION}, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("ROLLOUTPIPE_CACHE", Path.home() / ".cache" / "rolloutpipe"))
+
+
+def default_dir(spec: DefaultSpec = DefaultSpec()) -> Path:
+    return cache_root() / f"default-{spec.key()}"
+
+
+def _problems(seed: int, n: int) -> list[tuple[str, str]]:
+    from .task import make_problem
+
+    rng = random.Random(seed)
+    return [make_problem(rng) for _ in range(n)]
+
+
+def build_tokenizer(spec: DefaultSpec, out: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    corpus = [f"user\n{q}\nassistant\n{a}" for q, a in _problems(spec.seed + 1, 4000)]
+    corpus += ["system user assistant the answer is", "Compute the result and reply with the number only."]
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    return fast
+
+
+def build_model(spec: DefaultSpec, tokenizer):
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(spec.seed)
+    cfg = Qwen3Config(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.hidden_size // spec.num_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    return Qwen3ForCausalLM(cfg)
+
+
+def _encode(tokenizer, question: str) -> list[int]:
+    return tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                         tokenize=True, return_dict=False)
+
+
+def warm_start(spec: DefaultSpec, model, tokenizer) -> list[float]:
+    """Supervised fine-tuning on the task; loss on the answer tokens only. Returns the loss curve."""
+    import torch
+
+    torch.manual_seed(spec.seed)
+    data = _problems(spec.seed + 2, spec.sft_steps * spec.sft_batch)
+    eos = tokenizer.eos_token_id
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr)
+    model.train()
+    losses = []
+    for step in range(spec.sft_steps):
+        rows = []
+        for q, a in data[step * spec.sft_batch : (step + 1) * spec.sft_batch]:
+            p = _encode(tokenizer, q)
+            r = tokenizer.encode(a, add_special_tokens=False) + [eos]
+            rows.append((p + r, len(p)))
+        width = max(len(ids) for ids, _ in rows)
+        ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+        labels = torch.full((len(rows), width), -100)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, (seq, plen) in enumerate(rows):
+            ids[i, : len(seq)] = torch.tensor(seq)
+            labels[i, plen : len(seq)] = torch.tensor(seq[plen:])
+            mask[i, : len(seq)] = 1
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+def reward_variance_fraction(model, tokenizer, n_prompts: int = 64, k: int = 8, seed: int = 0) -> dict[str, float]:
+    """Sample K answers per prompt (temperature 1): the share of groups whose rewards are not all equal."""
+    import torch
+
+    from .task import DATA_SOURCE, compute_score
+
+    torch.manual_seed(seed)
+    probs = _problems(seed + 3, n_prompts)
+    mixed, correct = 0, 0.0
+    for q, a in probs:
+        ids = torch.tensor([_encode(tokenizer, q)] * k)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
+                             top_p=1.0, max_new_tokens=8, eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.pad_token_id)
+        texts = tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
+        r = [compute_score(DATA_SOURCE, t, a) for t in texts]
+        mixed += int(0 < sum(r) < k)
+        correct += sum(r) / k
+    return {"nonzero_variance_fraction": mixed / n_prompts, "mean_reward": correct / n_prompts}
+
+
+def write_parquet(spec: DefaultSpec, out: Path) -> None:
+    import pandas as pd
+
+    from .task import DATA_SOURCE
+
+    for split, n, seed in (("train", spec.train_prompts, spec.seed + 10), ("val", spec.val_prompts, spec.seed + 11)):
+        rows = [
+            {
+                "data_source": DATA_SOURCE,
+                "prompt": [{"role": "user", "content": q}],
+                "ability": "arithmetic",
+                "reward_model": {"style": "rule", "ground_truth": a},
+                "extra_info": {"split": split, "index": i},
+            }
+            for i, (q, a) in enumerate(_problems(seed, n))
+        ]
+        pd.DataFrame(rows).to_parquet(out / f"{split}.parquet")
+
+
+def build(spec: DefaultSpec = DefaultSpec(), out: Path | None = None) -> Path:
+    import torch
+
+    out = out or default_dir(spec)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model_dir = tmp / "model"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    with torch.random.fork_rng():
+        tokenizer = build_tokenizer(spec, model_dir)
+        model = build_model(spec, tokenizer)
+        losses = warm_start(spec, model, tokenizer)
+        stats = reward_variance_fraction(model, tokenizer, k=spec.group_size, seed=spec.seed)
+    model.save_pretrained(model_dir, safe_serialization=True)
+    model.generation_config.save_pretrained(model_dir)
+    write_parquet(spec, tmp)
+    info = {"spec": asdict(spec), "sft_final_loss": losses[-1], "build_s": round(time.time() - t0, 1), **stats}
+    (tmp / "info.json").write_text(json.dumps(info, indent=1))
+    if out.exists():  # another process won the race: keep theirs
+        import shutil
+
+        shutil.rmtree(tmp)
+    else:
+        tmp.rename(out)
+    return out
+
+
+def ensure_default(spec: DefaultSpec = DefaultSpec()) -> Path:
+    """Path of the embedded default (model/, train.parquet, val.parquet, info.json), built on first use."""
+    path = default_dir(spec)
+    if not (path / "info.json").exists():
+        print(f"rolloutpipe: building the embedded default (tiny Qwen3 + arithmetic task) into {path} ...", flush=True)
+        build(spec, path)
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--force", action="store_true", help="rebuild even if cached")
+    args = ap.parse_args()
+    spec = DefaultSpec(seed=args.seed)
+    path = default_dir(spec)
+    if args.force and path.exists():
+        import shutil
+
+        shutil.rmtree(path)
+    path = ensure_default(spec)
+    info = json.loads((path / "info.json").read_text())
+    print(f"embedded default: {path}")
+    print(f"  SFT final loss {info['sft_final_loss']:.3f}, mean reward {info['mean_reward']:.3f}, "
+          f"groups of K={spec.group_size} with non-zero reward variance: {100 * info['nonzero_variance_fraction']:.0f}%"
+          f" (built in {info['build_s']} s)")
+
+
+if __name__ == "__main__":
+    main()
