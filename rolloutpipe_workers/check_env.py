@@ -74,5 +74,5 @@ def check_or_exit(need_vllm: bool = True, replicas: int = 1) -> None:
 
 if __name__ == "__main__":
     check_or_exit()
-    print("rolloutpipe: environment OK (torch %s, vllm %s, verl %s)" % (_version("torch"), _version("vllm"),
+    print("rolloutpipe: environment OK (torch {}, vllm {}, verl {})".format(_version("torch"), _version("vllm"),
                                                                         _version("verl")))

@@ -134,7 +134,8 @@ def register_cpu_engines() -> None:
     from verl.workers.engine.base import EngineRegistry
     from verl.workers.engine.fsdp import transformer_impl as fsdp
 
-    for model_type, cls in (("language_model", fsdp.FSDPEngineWithLMHead), ("value_model", fsdp.FSDPEngineWithValueHead)):
+    engines = (("language_model", fsdp.FSDPEngineWithLMHead), ("value_model", fsdp.FSDPEngineWithValueHead))
+    for model_type, cls in engines:
         for backend in ("fsdp", "fsdp2"):
             EngineRegistry._engines.setdefault(model_type, {}).setdefault(backend, {}).setdefault("cpu", cls)
 

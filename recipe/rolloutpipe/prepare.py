@@ -6,7 +6,7 @@
   non-zero reward variance inside a group to learn);
 - verl RL parquet files (``prompt``, ``data_source``, ``reward_model.ground_truth``, ``extra_info``).
 
-``python -m recipe.rolloutpipe.prepare`` builds it (≈ 70 s on 2 cores) into the cache and prints where;
+``python -m recipe.rolloutpipe.prepare`` builds it (≈ 90 s on 2 cores) into the cache and prints where;
 :func:`ensure_default` builds lazily on first use and reuses the cache afterwards.
 """
 
@@ -40,7 +40,7 @@ class DefaultSpec:
     intermediate_size: int = 384
     train_prompts: int = 4096
     val_prompts: int = 256
-    sft_steps: int = 1800
+    sft_steps: int = 2400
     sft_batch: int = 64
     sft_lr: float = 3e-3
     group_size: int = 8  # K used to report the reward-variance fraction

@@ -155,7 +155,8 @@ class GroupLedger:
             rec = self.group(gid)
             if rec.version != trainer_version:
                 raise PipelineInvariantError(
-                    f"off-policy: group {gid} was generated with weights v{rec.version}, trainer is at v{trainer_version}"
+                    f"off-policy: group {gid} was generated with weights v{rec.version}, "
+                    f"trainer is at v{trainer_version}"
                 )
             self._move(gid, GroupState.CONSUMED)
 

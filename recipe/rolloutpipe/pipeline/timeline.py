@@ -183,7 +183,7 @@ def plot_gantt(timelines: list[RoundTimeline], labels: list[str], path: str | Pa
     fig, axes = plt.subplots(len(timelines), 1, figsize=(11, 2.2 + 2.4 * len(timelines)), squeeze=False,
                              sharex=True)
     colors = {label: c for label, _, _, c in _PHASES}
-    for ax, tl, label in zip(axes[:, 0], timelines, labels):
+    for ax, tl, label in zip(axes[:, 0], timelines, labels, strict=False):
         admits = tl._times("admitted")
         t0 = min(admits) if admits else 0.0
         n = len(tl.groups)
