@@ -1,0 +1,59 @@
+"""The simulator drives the real pipeline classes; checks against the paper's facts and a known calibration."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+
+import pytest
+
+from recipe.rolloutpipe.sim.__main__ import calibrate_from_run, main
+from recipe.rolloutpipe.sim.paper import ENGINE, TRAINER, calibrated, paper_matrix
+from recipe.rolloutpipe.sim.simulator import RoundSpec, TrainerModel, Workload, simulate_round
+
+W = Workload("t", mean_tokens=800, sigma_between=0.6, sigma_within=0.4, p_cap=0.05, cap=4096)
+
+
+@pytest.mark.parametrize("mode,strength", [("sync", "hold"), ("cgp", "hold"), ("cgp_fgd", "hold"),
+                                           ("cgp_fgd", "priority"), ("cgp_fgd_adaptive", "hold")])
+def test_round_consumes_every_group_and_trains_the_same(mode, strength):
+    tl = simulate_round(RoundSpec(24, mode=mode, fgd_strength=strength, filter_p=0.2, max_extra_groups=6), W)
+    m = tl.metrics()
+    assert tl.ledger.published and m["rolloutpipe/groups_trained"] == tl.ledger.num_trainable
+    assert m["rolloutpipe/trainer_busy_s"] == pytest.approx(tl.ledger.num_trainable * TrainerModel().per_group_s
+                                                            + len({iv.step_index for iv in tl.intervals}) * 0.1)
+
+
+def test_pipelining_never_loses_to_sync_and_fgd_dispatches_first_group_earlier():
+    w = calibrated("OlyPhys")
+    ends = {m: simulate_round(RoundSpec(96, mode=m), w, ENGINE, TRAINER).metrics() for m in ("sync", "cgp", "cgp_fgd")}
+    key = "rolloutpipe/rollout_to_train_end_s"
+    assert ends["cgp_fgd"][key] <= ends["cgp"][key] <= ends["sync"][key]
+    assert ends["cgp_fgd"]["rolloutpipe/first_dispatch_s"] < ends["cgp"]["rolloutpipe/first_dispatch_s"]
+
+
+def test_paper_matrix_is_calibrated_and_fast():
+    t = time.perf_counter()
+    rec = paper_matrix()
+    assert time.perf_counter() - t < 10 and len(rec) == 36
+    sync96 = [r for r in rec if r["R"] == 96 and r["mode"] == "sync"]
+    assert all(470 <= r["rollout_s"] <= 515 for r in sync96)  # serial rollout at R=96 ≈ 510 s (cap limits OlyPhys)
+    assert all(0.40 <= r["trainer_wait_ratio"] <= 0.55 for r in rec if r["mode"] == "sync")
+
+
+def test_from_run_recovers_a_known_engine(tmp_path):
+    """A 'measured' timeline from a 3x slower engine: calibrating on it predicts the other modes within 15%."""
+    w = calibrated("Sci-JL")
+    slow = replace(ENGINE, step_base_s=ENGINE.step_base_s * 3, step_per_seq_s=ENGINE.step_per_seq_s * 3,
+                   prefill_per_token_s=ENGINE.prefill_per_token_s * 3)
+    truth = {m: simulate_round(RoundSpec(64, mode=m), w, slow, TRAINER) for m in ("sync", "cgp", "cgp_fgd")}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(truth["cgp_fgd"].to_dict()))
+    eng, tr = calibrate_from_run(truth["cgp_fgd"], w, "cgp_fgd", RoundSpec(64))
+    for m, tl in truth.items():
+        pred = simulate_round(RoundSpec(64, mode=m), w, eng, tr).metrics()["rolloutpipe/rollout_to_train_end_s"]
+        real = tl.metrics()["rolloutpipe/rollout_to_train_end_s"]
+        assert abs(pred - real) / real < 0.15, (m, pred, real)
+    assert main(["--from-run", str(path), "--workload", "Sci-JL", "--json", str(tmp_path / "p.json")]) == 0
+    assert len(json.loads((tmp_path / "p.json").read_text())) == 5
