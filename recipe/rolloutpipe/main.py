@@ -59,15 +59,27 @@ def prepare_runtime(config: DictConfig) -> None:
 
 
 def run(config: DictConfig) -> None:
-    prepare_runtime(config)
     trainer = config.rolloutpipe.trainer
+    if trainer not in ("rolloutpipe", "stock"):
+        raise SystemExit(f"rolloutpipe: rolloutpipe.trainer={trainer!r}: use rolloutpipe or stock (verl's own)")
+    if trainer == "rolloutpipe":
+        from .config_check import RolloutPipeConfigError, validate
+
+        try:
+            validate(config)  # before Ray or any worker starts
+        except RolloutPipeConfigError as e:
+            raise SystemExit(str(e)) from None
+    prepare_runtime(config)
+    from verl.trainer.main_ppo import run_ppo
+
     if trainer == "stock":
-        from verl.trainer.main_ppo import run_ppo
         from verl.trainer.main_ppo_v0 import TaskRunner
 
         run_ppo(config, task_runner_class=TaskRunner)
     else:
-        raise SystemExit(f"rolloutpipe: rolloutpipe.trainer={trainer!r} is not available: use 'stock'")
+        from .runner import RolloutPipeTaskRunner
+
+        run_ppo(config, task_runner_class=RolloutPipeTaskRunner)
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="rolloutpipe", version_base=None)

@@ -1,0 +1,82 @@
+"""Config validation for the RolloutPipe trainer: one clear message per problem, before any worker starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+
+class RolloutPipeConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class PipeSettings:
+    """The resolved pipeline shape of a run."""
+
+    mode: str  # sync | cgp | cgp_fgd
+    num_groups: int  # R = data.train_batch_size
+    group_size: int  # K = actor_rollout_ref.rollout.n
+    step_groups: int  # U = actor_rollout_ref.actor.ppo_mini_batch_size
+    frontier_width: int  # F_w
+    fgd_strength: str
+    old_log_prob: str  # snapshot | rollout
+
+
+def _get(cfg: DictConfig, key: str, default=None):  # noqa: ANN001, ANN202
+    return OmegaConf.select(cfg, key, default=default)
+
+
+def validate(cfg: DictConfig) -> PipeSettings:
+    """Check every rule the streaming trainer relies on; raise one error listing what to change."""
+    errors: list[str] = []
+    rp = cfg.rolloutpipe
+    mode = rp.mode
+    if mode not in ("sync", "cgp", "cgp_fgd"):
+        errors.append(f"rolloutpipe.mode={mode!r}: use sync, cgp or cgp_fgd")
+    r = int(cfg.data.train_batch_size)
+    k = int(cfg.actor_rollout_ref.rollout.n)
+    u = int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
+    if u < 1 or r % u:
+        errors.append(f"data.train_batch_size (R={r}) must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size "
+                      f"(U={u}): an optimizer step takes U whole groups, as in the serial run")
+    fw = rp.frontier_width if rp.frontier_width is not None else u
+    if not 1 <= int(fw) <= r:
+        errors.append(f"rolloutpipe.frontier_width={fw} must be between 1 and data.train_batch_size={r}")
+    strength = rp.fgd_strength
+    if strength not in ("hold", "priority"):
+        errors.append(f"rolloutpipe.fgd_strength={strength!r}: use hold or priority")
+    policy = _get(cfg, "actor_rollout_ref.rollout.scheduling_policy", "fcfs")
+    if mode == "cgp_fgd" and strength == "priority" and policy != "priority":
+        errors.append("rolloutpipe.fgd_strength=priority needs actor_rollout_ref.rollout.scheduling_policy=priority "
+                      f"(got {policy!r}: vLLM would silently ignore the priorities)")
+    if rp.old_log_prob not in ("snapshot", "rollout"):
+        errors.append(f"rolloutpipe.old_log_prob={rp.old_log_prob!r}: use snapshot (exact) or rollout (vLLM log-probs)")
+    if rp.old_log_prob == "rollout" and not _get(cfg, "actor_rollout_ref.rollout.calculate_log_probs", True):
+        errors.append("rolloutpipe.old_log_prob=rollout needs actor_rollout_ref.rollout.calculate_log_probs=true")
+    dp = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    if (u * k) % dp:
+        errors.append(f"an optimizer step has U*K={u * k} responses, which the trainer's data-parallel size {dp} "
+                      "(trainer.nnodes * trainer.n_gpus_per_node) does not divide: change ppo_mini_batch_size or n")
+    if cfg.trainer.get("balance_batch", False):
+        errors.append("trainer.balance_batch=true reorders responses across groups: set it false (RolloutPipe trains "
+                      "whole groups in FIFO order, exactly as the serial reference)")
+    actor = cfg.actor_rollout_ref.actor
+    if int(actor.ppo_epochs) != 1 or actor.shuffle:
+        errors.append("actor_rollout_ref.actor.ppo_epochs must be 1 and actor.shuffle false: a streamed group is "
+                      "trained once, in arrival order")
+    if actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+        errors.append("KL to a reference policy (actor.use_kl_loss / algorithm.use_kl_in_reward) is not supported "
+                      "by the RolloutPipe trainer yet: set both false")
+    if cfg.algorithm.adv_estimator != "grpo":
+        errors.append(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}: the RolloutPipe trainer computes "
+                      "group-relative advantages per complete group; use grpo")
+    optim = actor.optim
+    if _get(optim, "lr_scheduler_type", "constant") != "constant" or (_get(optim, "lr_warmup_steps", -1) or -1) > 0 \
+            or (_get(optim, "lr_warmup_steps_ratio", 0.0) or 0.0) > 0:
+        errors.append("actor_rollout_ref.actor.optim: use a constant learning rate without warm-up (verl steps the "
+                      "scheduler once per update call; a streamed round makes R/U calls)")
+    if errors:
+        raise RolloutPipeConfigError("rolloutpipe: invalid config:\n  - " + "\n  - ".join(errors))
+    return PipeSettings(mode, r, k, u, int(fw), strength, rp.old_log_prob)

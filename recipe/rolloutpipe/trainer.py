@@ -1,0 +1,257 @@
+"""RolloutPipeTrainer: verl's ``RayPPOTrainer`` with a streaming, exactly on-policy round.
+
+A round (= one verl training step, one weight version v):
+  submit R prompt groups → each group, once its K responses are rewarded, gets GRPO advantages (verl's own
+  ``compute_advantage`` on that group alone) and is *materialized* into the CGP FIFO → the trainer takes one
+  optimizer step per U groups as soon as they are there, while later groups are still generating with weights v →
+  after the last group: publish weights v+1.
+
+Policy (admission, dispatch, step boundaries, invariants, metrics) lives in ``recipe.rolloutpipe.pipeline``; this
+file only connects it to verl. The rollout side runs in a thread (it waits on Ray object refs); the trainer side
+runs in the calling thread. They share the ledger and the FIFO under one lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+from verl import DataProto
+from verl.trainer.ppo.metric_utils import compute_data_metrics
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_advantage, compute_response_mask
+from verl.trainer.ppo.reward import extract_reward
+from verl.utils.metric import reduce_metrics
+
+from .config_check import PipeSettings, validate
+from .pipeline import (
+    PREFIX,
+    CompleteGroupFIFO,
+    GroupLedger,
+    MonotonicClock,
+    PipelineInvariantError,
+    RoundTimeline,
+    make_admission,
+)
+from .rollout_stream import GroupRolloutStream
+
+
+class _SnapshotLogProbs:
+    """The actor worker group, with ``compute_log_prob`` answered by the round-start weight snapshot."""
+
+    def __init__(self, wg) -> None:  # noqa: ANN001
+        self._wg = wg
+
+    def compute_log_prob(self, data):  # noqa: ANN001, ANN201
+        return self._wg.compute_log_prob_snapshot(data)
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self._wg, name)
+
+
+class RolloutPipeTrainer(RayPPOTrainer):
+    """Streaming GRPO: CGP (train on complete groups while the round generates) + FGD (frontier admission)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.pipe: PipeSettings = validate(self.config)
+        self.weights_version = 0
+        self.clock = MonotonicClock()
+        self.timeline_dir = Path(self.config.rolloutpipe.timeline_dir)
+        self.timelines: list[RoundTimeline] = []
+
+    # ---- the training loop -----------------------------------------------------------------------------------
+    def fit(self) -> None:
+        from omegaconf import OmegaConf
+        from verl.utils.tracking import Tracking
+
+        logger = Tracking(project_name=self.config.trainer.project_name,
+                          experiment_name=self.config.trainer.experiment_name,
+                          default_backend=self.config.trainer.logger,
+                          config=OmegaConf.to_container(self.config, resolve=True))
+        self.global_steps = 0
+        self._load_checkpoint()
+        self.checkpoint_manager.update_weights(self.global_steps)
+        self.weights_version = self.global_steps
+        self.global_steps += 1
+        done = False
+        while not done:
+            for batch_dict in self.train_dataloader:
+                metrics = self.fit_round(DataProto.from_single_dict(batch_dict))
+                logger.log(data=metrics, step=self.global_steps)
+                if self.config.trainer.save_freq > 0 and self.global_steps % self.config.trainer.save_freq == 0:
+                    self._save_checkpoint()
+                if self.global_steps >= self.total_training_steps:
+                    done = True
+                    break
+                self.global_steps += 1
+            else:
+                continue
+
+    def fit_round(self, batch: DataProto) -> dict[str, float]:
+        """One round: stream R groups through the pipeline, publish weights v+1, return the round's metrics."""
+        p = self.pipe
+        version = self.weights_version
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        prompts = self._get_gen_batch(batch)
+        prompts.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+        batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+
+        ledger = GroupLedger(version, p.num_groups, p.group_size, clock=self.clock)
+        fifo = CompleteGroupFIFO(ledger, "sync" if p.mode == "sync" else "cgp", p.step_groups)
+        admission = make_admission(p.mode, p.frontier_width, p.fgd_strength)  # type: ignore[arg-type]
+        timeline = RoundTimeline(ledger)
+        lock = threading.Condition()
+        trainable: dict[int, DataProto] = {}
+        failure: list[BaseException] = []
+        if p.old_log_prob == "snapshot" and p.step_groups < p.num_groups:
+            self.actor_rollout_wg.snapshot_weights()
+
+        stream = GroupRolloutStream(self.async_rollout_manager.agent_loop_workers, p.group_size)
+        meta = {"global_steps": self.global_steps}
+
+        def admit() -> None:  # called with the lock held
+            for a in admission.admit(ledger):
+                stream.submit(a.group_id, prompts[a.group_id : a.group_id + 1], a.priority, meta)
+
+        def rollout_side() -> None:
+            try:
+                with lock:
+                    admit()
+                while True:
+                    with lock:
+                        if ledger.rollout_closed:
+                            return
+                    for gid, out in stream.poll(timeout_s=0.05):
+                        with lock:
+                            ledger.complete_serving(gid)
+                        rows = self._materialize_group(batch[gid : gid + 1], out)
+                        with lock:
+                            trainable[gid] = rows
+                            ledger.materialize(gid)
+                            admit()
+                            lock.notify_all()
+            except BaseException as e:  # noqa: BLE001 - re-raised in the trainer thread
+                with lock:
+                    failure.append(e)
+                    lock.notify_all()
+
+        roller = threading.Thread(target=rollout_side, name=f"rolloutpipe-rollout-v{version}", daemon=True)
+        bar = tqdm(total=p.num_groups, desc=f"round {self.global_steps} [{p.mode}] consumed", unit="group",
+                   leave=False)
+        roller.start()
+        step_outputs, trained = [], []
+        while True:
+            with lock:
+                while True:
+                    if failure:
+                        raise RuntimeError(f"rolloutpipe: rollout side failed in round v{version}") from failure[0]
+                    d = fifo.take(whole_step=True)
+                    if d is not None or fifo.exhausted:
+                        break
+                    lock.wait(timeout=0.5)
+                if d is None:
+                    break
+                rows = DataProto.concat([trainable.pop(g) for g in d.group_ids]) if d.group_ids else None
+                bar.set_postfix(materialized=len(ledger.materialization_order), in_engine=stream.inflight)
+            if rows is None:
+                continue
+            t0 = self.clock.now()
+            step_outputs.append(self._train_step(rows, d.step_index))
+            t1 = self.clock.now()
+            with lock:
+                timeline.trainer_busy(t0, t1, d.step_index, d.group_ids)
+                ledger.consume(d.group_ids, trainer_version=self.weights_version)
+            trained.append(rows)
+            bar.update(len(d.group_ids))
+        roller.join()
+        bar.close()
+        fifo.check_drained()
+
+        ledger.mark_published()  # raises unless every group of round v is consumed
+        t0 = self.clock.now()
+        self.checkpoint_manager.update_weights(self.global_steps)
+        timeline.published(t0, self.clock.now())
+        self.weights_version += 1
+        return self._round_metrics(timeline, trained, step_outputs)
+
+    # ---- rollout side: one complete group -> trainable rows ---------------------------------------------------
+    def _materialize_group(self, prompt_row: DataProto, out: DataProto) -> DataProto:
+        """Rewards, response mask, GRPO advantages (verl's code on this group alone), π_old if from the rollout."""
+        rows = prompt_row.repeat(repeat_times=self.pipe.group_size, interleave=True)
+        out.non_tensor_batch.pop("uid", None)  # the reward loop may drop or rewrite it: the prompt's uid wins
+        out.non_tensor_batch.pop("priority", None)
+        out.meta_info.pop("metrics", None)  # the agent loop's per-sample timings; not part of the training batch
+        rows = rows.union(out)
+        if "response_mask" not in rows.batch.keys():
+            rows.batch["response_mask"] = compute_response_mask(rows)
+        reward_tensor, extra = extract_reward(rows)
+        if reward_tensor is None or not bool(reward_tensor.isfinite().all()):
+            raise PipelineInvariantError(f"reward for prompt uid {rows.non_tensor_batch['uid'][0]} is not finite")
+        rows.batch["token_level_scores"] = reward_tensor
+        rows.batch["token_level_rewards"] = reward_tensor
+        if extra:
+            rows.non_tensor_batch.update({k: np.array(v) for k, v in extra.items()})
+        rows = compute_advantage(
+            rows, adv_estimator=self.config.algorithm.adv_estimator, gamma=self.config.algorithm.gamma,
+            lam=self.config.algorithm.lam, num_repeat=self.pipe.group_size,
+            norm_adv_by_std_in_grpo=self.config.algorithm.get("norm_adv_by_std_in_grpo", True),
+            config=self.config.algorithm,
+        )
+        if self.pipe.old_log_prob == "rollout":
+            rows.batch["old_log_probs"] = rows.batch["rollout_log_probs"]
+        return rows
+
+    # ---- trainer side: one optimizer step on U complete groups ------------------------------------------------
+    def _old_log_probs(self, rows: DataProto, step_index: int) -> DataProto:
+        """π_old = weights v. Before the round's first optimizer step the live weights are v; after it, the
+        snapshot of v answers (exact, equal to the serial run)."""
+        if step_index == 0:
+            old, _ = self._compute_old_log_prob(rows)
+        else:
+            live, self.actor_rollout_wg = self.actor_rollout_wg, _SnapshotLogProbs(self.actor_rollout_wg)
+            try:
+                old, _ = self._compute_old_log_prob(rows)
+            finally:
+                self.actor_rollout_wg = live
+        old.batch.pop("entropys")
+        return old
+
+    def _train_step(self, rows: DataProto, step_index: int) -> DataProto:
+        rows.meta_info["global_token_num"] = rows.batch["attention_mask"].sum(dim=-1).tolist()
+        if self.pipe.old_log_prob == "snapshot":
+            rows = rows.union(self._old_log_probs(rows, step_index))
+        return self._update_actor(rows)
+
+    # ---- metrics ------------------------------------------------------------------------------------------------
+    def _round_metrics(self, timeline: RoundTimeline, trained: list[DataProto], outs: list[DataProto]) -> dict:
+        p = self.pipe
+        stem = f"round{self.global_steps:04d}_{p.mode}"
+        timeline.write(self.timeline_dir, stem)
+        self.timelines.append(timeline)
+        metrics = dict(timeline.metrics())
+        metrics.update(reduce_metrics(_merge([o.meta_info["metrics"] for o in outs])))
+        for b in trained:
+            b.meta_info.pop("global_token_num", None)  # per-step values; the round's batch needs none
+        batch = DataProto.concat(trained)
+        metrics.update(compute_data_metrics(batch=batch, use_critic=False))
+        metrics["training/global_step"] = self.global_steps
+        m = {k.removeprefix(PREFIX): v for k, v in timeline.metrics().items()}
+        tqdm.write(
+            f"[rolloutpipe] round {self.global_steps} mode={p.mode} R={p.num_groups} K={p.group_size} "
+            f"U={p.step_groups} reward={metrics['critic/score/mean']:.3f} "
+            f"rollout_to_train_end={m['rollout_to_train_end_s']:.2f}s wait_ratio={m['trainer_wait_ratio']:.1%} "
+            f"first_dispatch={m['first_dispatch_s']:.2f}s overlap_eff={m['overlap_efficiency']:.2f} "
+            f"publish={m.get('publish_s', 0):.2f}s timeline={self.timeline_dir / stem}.png"
+        )
+        return metrics
+
+
+def _merge(dicts: list[dict]) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for d in dicts:
+        for k, v in d.items():
+            out.setdefault(k, []).extend(v if isinstance(v, list) else [v])
+    return out
