@@ -79,18 +79,20 @@ class StreamingActorWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def record_step_grads(self, enable: bool = True) -> None:
-        """Record each optimizer step's gradients (before the update) for ``pop_step_grads``."""
-        opt = self.actor.engine.optimizer
-        if getattr(self, "_rp_grad_hook", None) is not None:
-            self._rp_grad_hook.remove()
-            self._rp_grad_hook = None
+        """Record each optimizer step's gradients *before clipping* for ``pop_step_grads`` (clipping would hide a
+        wrong gradient scale, as AdamW does)."""
+        eng = self.actor.engine
+        eng.__dict__.pop("optimizer_step", None)  # back to the class's method
         self._rp_grads: list[dict[str, torch.Tensor]] = []
         if enable:
-            def hook(*_args, **_kwargs) -> None:
+            verl_step = eng.optimizer_step
+
+            def optimizer_step(*args, **kwargs):  # noqa: ANN202
                 self._rp_grads.append({n: self._local(p.grad).detach().clone().cpu()
                                        for n, p in self._params().items() if p.grad is not None})
+                return verl_step(*args, **kwargs)
 
-            self._rp_grad_hook = opt.register_step_pre_hook(hook)
+            eng.optimizer_step = optimizer_step
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def pop_step_grads(self) -> list[dict[str, torch.Tensor]]:

@@ -93,7 +93,7 @@ def test_vllm_generates_from_reloaded_weights(embedded, plugin):
 def test_stock_verl_grpo_two_steps(embedded, tmp_path):
     """verl's own GRPO trainer: async vLLM rollout, FSDP2 actor on gloo, a weight sync per step."""
     out = subprocess.run(
-        [sys.executable, "-m", "recipe.rolloutpipe.main", "trainer.total_training_steps=2",
+        [sys.executable, "-m", "recipe.rolloutpipe.main", "rolloutpipe.trainer=stock", "trainer.total_training_steps=2",
          f"trainer.default_local_dir={tmp_path}/ckpt", f"hydra.run.dir={tmp_path}/hydra"],
         capture_output=True, text=True, timeout=900, cwd=ROOT,
     )

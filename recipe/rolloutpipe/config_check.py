@@ -39,8 +39,9 @@ def validate(cfg: DictConfig) -> PipeSettings:
     k = int(cfg.actor_rollout_ref.rollout.n)
     u = int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
     if u < 1 or r % u:
-        errors.append(f"data.train_batch_size (R={r}) must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size "
-                      f"(U={u}): an optimizer step takes U whole groups, as in the serial run")
+        errors.append(f"data.train_batch_size (R={r}) must be a multiple of "
+                      f"actor_rollout_ref.actor.ppo_mini_batch_size (U={u}): an optimizer step takes U whole groups, "
+                      "as in the serial run")
     fw = rp.frontier_width if rp.frontier_width is not None else u
     if not 1 <= int(fw) <= r:
         errors.append(f"rolloutpipe.frontier_width={fw} must be between 1 and data.train_batch_size={r}")

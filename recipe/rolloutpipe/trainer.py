@@ -71,19 +71,30 @@ class RolloutPipeTrainer(RayPPOTrainer):
                           experiment_name=self.config.trainer.experiment_name,
                           default_backend=self.config.trainer.logger,
                           config=OmegaConf.to_container(self.config, resolve=True))
+        if self.config.rolloutpipe.task == "verify_onpolicy":
+            from .verify_onpolicy import verify_in_trainer
+
+            verify_in_trainer(self)
+            return
         self.global_steps = 0
         self._load_checkpoint()
         self.checkpoint_manager.update_weights(self.global_steps)
         self.weights_version = self.global_steps
+        test_freq = self.config.trainer.test_freq
+        if self.val_dataset is not None and self.config.trainer.get("val_before_train", False):
+            logger.log(data=self._validate_and_report(), step=self.global_steps)
         self.global_steps += 1
         done = False
         while not done:
             for batch_dict in self.train_dataloader:
                 metrics = self.fit_round(DataProto.from_single_dict(batch_dict))
+                last = self.global_steps >= self.total_training_steps
+                if test_freq > 0 and (last or self.global_steps % test_freq == 0):
+                    metrics.update(self._validate_and_report())
                 logger.log(data=metrics, step=self.global_steps)
                 if self.config.trainer.save_freq > 0 and self.global_steps % self.config.trainer.save_freq == 0:
                     self._save_checkpoint()
-                if self.global_steps >= self.total_training_steps:
+                if last:
                     done = True
                     break
                 self.global_steps += 1
@@ -175,7 +186,16 @@ class RolloutPipeTrainer(RayPPOTrainer):
         self.checkpoint_manager.update_weights(self.global_steps)
         timeline.published(t0, self.clock.now())
         self.weights_version += 1
+        self.last_round = (trained, step_outputs)
         return self._round_metrics(timeline, trained, step_outputs)
+
+    def _validate_and_report(self) -> dict:
+        """verl's validation (val set, ``val_kwargs`` sampling) between rounds, when no round is in flight."""
+        val = self._validate()
+        score = {k: v for k, v in val.items() if k.endswith("/reward/mean@1") or "acc/mean" in k}
+        tqdm.write(f"[rolloutpipe] validation after round {self.global_steps}: "
+                   + " ".join(f"{k}={v:.3f}" for k, v in score.items()))
+        return val
 
     # ---- rollout side: one complete group -> trainable rows ---------------------------------------------------
     def _materialize_group(self, prompt_row: DataProto, out: DataProto) -> DataProto:

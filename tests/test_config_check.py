@@ -1,0 +1,57 @@
+"""Bad RolloutPipe config fails before any worker starts, with one message naming the key and the fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from recipe.rolloutpipe.config_check import RolloutPipeConfigError, validate
+from recipe.rolloutpipe.main import CONFIG_DIR
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cfg(*overrides: str):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(config_name="rolloutpipe", overrides=list(overrides))
+
+
+def test_default_config_is_valid():
+    s = validate(cfg())
+    assert (s.mode, s.num_groups, s.group_size, s.step_groups, s.frontier_width) == ("cgp_fgd", 16, 8, 4, 4)
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["data.train_batch_size=10"], "must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size"),
+    (["rolloutpipe.frontier_width=0"], "rolloutpipe.frontier_width=0 must be between 1"),
+    (["rolloutpipe.frontier_width=17"], "rolloutpipe.frontier_width=17 must be between 1"),
+    (["rolloutpipe.fgd_strength=priority"], "needs actor_rollout_ref.rollout.scheduling_policy=priority"),
+    (["trainer.n_gpus_per_node=3"], "data-parallel size 3"),
+    (["trainer.balance_batch=true"], "trainer.balance_batch=true"),
+    (["rolloutpipe.mode=async"], "rolloutpipe.mode='async'"),
+    (["rolloutpipe.old_log_prob=recompute"], "rolloutpipe.old_log_prob='recompute'"),
+    (["actor_rollout_ref.actor.ppo_epochs=2"], "ppo_epochs must be 1"),
+    (["actor_rollout_ref.actor.optim.lr_warmup_steps=5"], "constant learning rate"),
+    (["algorithm.adv_estimator=gae"], "use grpo"),
+])
+def test_bad_config_names_key_and_fix(overrides, needle):
+    with pytest.raises(RolloutPipeConfigError) as e:
+        validate(cfg(*overrides))
+    assert needle in str(e.value)
+
+
+def test_priority_with_priority_scheduling_is_valid():
+    s = validate(cfg("rolloutpipe.fgd_strength=priority", "actor_rollout_ref.rollout.scheduling_policy=priority"))
+    assert s.fgd_strength == "priority"
+
+
+def test_main_rejects_bad_config_before_ray_starts():
+    out = subprocess.run([sys.executable, "-m", "recipe.rolloutpipe.main", "data.train_batch_size=10"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode != 0
+    assert "must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size" in out.stderr
+    assert "Traceback" not in out.stderr and "ray init" not in out.stdout.lower()
