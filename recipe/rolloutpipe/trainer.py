@@ -61,6 +61,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
         self.clock = MonotonicClock()
         self.timeline_dir = Path(self.config.rolloutpipe.timeline_dir)
         self.timelines: list[RoundTimeline] = []
+        self.round_rewards: list[float] = []
+        self.val_scores: list[tuple[int, float]] = []
 
     # ---- the training loop -----------------------------------------------------------------------------------
     def fit(self) -> None:
@@ -98,8 +100,9 @@ class RolloutPipeTrainer(RayPPOTrainer):
                     done = True
                     break
                 self.global_steps += 1
-            else:
-                continue
+        blocks = [self.round_rewards[i : i + 10] for i in range(0, len(self.round_rewards), 10)]
+        tqdm.write("[rolloutpipe] done: mean training reward per 10 rounds "
+                   f"{[round(sum(b) / len(b), 3) for b in blocks]}; validation {self.val_scores}")
 
     def fit_round(self, batch: DataProto) -> dict[str, float]:
         """One round: stream R groups through the pipeline, publish weights v+1, return the round's metrics."""
@@ -193,6 +196,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
         """verl's validation (val set, ``val_kwargs`` sampling) between rounds, when no round is in flight."""
         val = self._validate()
         score = {k: v for k, v in val.items() if k.endswith("/reward/mean@1") or "acc/mean" in k}
+        if score:
+            self.val_scores.append((self.global_steps, round(float(next(iter(score.values()))), 3)))
         tqdm.write(f"[rolloutpipe] validation after round {self.global_steps}: "
                    + " ".join(f"{k}={v:.3f}" for k, v in score.items()))
         return val
@@ -258,6 +263,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         batch = DataProto.concat(trained)
         metrics.update(compute_data_metrics(batch=batch, use_critic=False))
         metrics["training/global_step"] = self.global_steps
+        self.round_rewards.append(float(metrics["critic/score/mean"]))
         m = {k.removeprefix(PREFIX): v for k, v in timeline.metrics().items()}
         tqdm.write(
             f"[rolloutpipe] round {self.global_steps} mode={p.mode} R={p.num_groups} K={p.group_size} "
