@@ -37,6 +37,7 @@ def test_default_config_is_valid():
     (["actor_rollout_ref.actor.ppo_epochs=2"], "ppo_epochs must be 1"),
     (["actor_rollout_ref.actor.optim.lr_warmup_steps=5"], "constant learning rate"),
     (["algorithm.adv_estimator=gae"], "use grpo"),
+    (["rolloutpipe.stall_timeout_s=0"], "rolloutpipe.stall_timeout_s=0"),
 ])
 def test_bad_config_names_key_and_fix(overrides, needle):
     with pytest.raises(RolloutPipeConfigError) as e:

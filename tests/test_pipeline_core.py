@@ -20,6 +20,7 @@ from recipe.rolloutpipe.pipeline import (
     GroupState,
     ManualClock,
     PipelineInvariantError,
+    PipelineStallError,
     RoundTimeline,
     make_admission,
 )
@@ -265,3 +266,21 @@ def test_pipeline_imports_nothing_heavy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_stall_watchdog_names_outstanding_groups():
+    clock = ManualClock()
+    ledger = GroupLedger(2, num_groups=3, group_size=2, clock=clock)
+    FifoAdmission().admit(ledger)
+    ledger.complete_serving(0)
+    ledger.materialize(0)
+    clock.advance_to(5)
+    ledger.check_progress(10)  # not stalled yet
+    ledger.finish_request(1)  # one response of group 1 counts as progress
+    clock.advance_to(14)
+    ledger.check_progress(10)
+    clock.advance_to(16)
+    with pytest.raises(PipelineStallError, match=r"no group changed state for 11s.*materialized: \[0\]; "
+                                                 r"admitted: \[1, 2\]"):
+        ledger.check_progress(10)
+    ledger.check_progress(None)  # disabled

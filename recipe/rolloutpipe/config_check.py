@@ -56,6 +56,9 @@ def validate(cfg: DictConfig) -> PipeSettings:
         errors.append(f"rolloutpipe.old_log_prob={rp.old_log_prob!r}: use snapshot (exact) or rollout (vLLM log-probs)")
     if rp.old_log_prob == "rollout" and not _get(cfg, "actor_rollout_ref.rollout.calculate_log_probs", True):
         errors.append("rolloutpipe.old_log_prob=rollout needs actor_rollout_ref.rollout.calculate_log_probs=true")
+    stall = rp.get("stall_timeout_s")
+    if stall is not None and float(stall) <= 0:
+        errors.append(f"rolloutpipe.stall_timeout_s={stall}: use a positive number of seconds (or null to disable)")
     dp = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
     if (u * k) % dp:
         errors.append(f"an optimizer step has U*K={u * k} responses, which the trainer's data-parallel size {dp} "

@@ -165,6 +165,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
                     d = fifo.take(whole_step=True)
                     if d is not None or fifo.exhausted:
                         break
+                    ledger.check_progress(self.config.rolloutpipe.stall_timeout_s)
                     lock.wait(timeout=0.5)
                 if d is None:
                     break

@@ -13,7 +13,7 @@ from .frontier import (
     FrontierAdmission,
     make_admission,
 )
-from .ledger import GroupLedger, GroupRecord, GroupState, PipelineInvariantError
+from .ledger import GroupLedger, GroupRecord, GroupState, PipelineInvariantError, PipelineStallError
 from .timeline import PREFIX, RoundTimeline, TrainerInterval, plot_gantt
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "ManualClock",
     "MonotonicClock",
     "PipelineInvariantError",
+    "PipelineStallError",
     "RoundTimeline",
     "TrainerInterval",
     "make_admission",

@@ -21,6 +21,10 @@ class PipelineInvariantError(RuntimeError):
     """A transition that would break the on-policy contract (DESIGN.md §2) or lose/duplicate a group."""
 
 
+class PipelineStallError(PipelineInvariantError):
+    """No group changed state for longer than the watchdog allows."""
+
+
 class GroupState(enum.Enum):
     SUBMITTED = "submitted"
     ADMITTED = "admitted"
@@ -88,6 +92,7 @@ class GroupLedger:
         self.groups: list[GroupRecord] = []
         self.materialization_order: list[int] = []
         self.published = False
+        self.last_transition_t = self.clock.now()
         for _ in range(num_groups):
             self._submit()
 
@@ -105,7 +110,7 @@ class GroupLedger:
                 f"group {group_id} (version {rec.version}) cannot go {rec.state.value} -> {to.value}"
             )
         rec.state = to
-        rec.times[to.value] = self.clock.now()
+        rec.times[to.value] = self.last_transition_t = self.clock.now()
         return rec
 
     def admit(self, group_id: int) -> None:
@@ -118,6 +123,7 @@ class GroupLedger:
         if rec.state is not GroupState.ADMITTED:
             raise PipelineInvariantError(f"response for group {group_id} in state {rec.state.value}")
         rec.finished_requests += 1
+        self.last_transition_t = self.clock.now()
         if rec.finished_requests > rec.group_size:
             raise PipelineInvariantError(f"group {group_id} got more than K={rec.group_size} responses")
         if rec.finished_requests == rec.group_size:
@@ -178,6 +184,24 @@ class GroupLedger:
 
     def in_state(self, *states: GroupState) -> list[GroupRecord]:
         return [g for g in self.groups if g.state in states]
+
+    def outstanding(self) -> dict[str, list[int]]:
+        """Groups not yet consumed or filtered, by state (what a stall report shows)."""
+        out: dict[str, list[int]] = {}
+        for g in self.groups:
+            if g.state not in (GroupState.CONSUMED, GroupState.FILTERED):
+                out.setdefault(g.state.value, []).append(g.order)
+        return out
+
+    def check_progress(self, stall_timeout_s: float | None) -> None:
+        """Stall watchdog: raise, naming every outstanding group and its state, if nothing moved for too long."""
+        idle = self.clock.now() - self.last_transition_t
+        if stall_timeout_s is not None and stall_timeout_s > 0 and idle > stall_timeout_s:
+            detail = "; ".join(f"{state}: {ids}" for state, ids in self.outstanding().items())
+            raise PipelineStallError(
+                f"round v{self.version}: no group changed state for {idle:.0f}s (rolloutpipe.stall_timeout_s="
+                f"{stall_timeout_s:g}); outstanding groups by state: {detail}"
+            )
 
     def counts(self) -> dict[str, int]:
         out = {s.value: 0 for s in GroupState}
