@@ -15,11 +15,14 @@ from __future__ import annotations
 import copy
 
 import torch
+from verl.experimental.separation.engine_workers import DetachActorWorker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 
-class StreamingActorWorker(ActorRolloutRefWorker):
+class StreamingActorMixin:
+    """The streaming additions, for either of verl's actor workers (hybrid or disaggregated)."""
+
     def _module(self) -> torch.nn.Module:
         return self.actor.engine.module
 
@@ -98,3 +101,11 @@ class StreamingActorWorker(ActorRolloutRefWorker):
     def pop_step_grads(self) -> list[dict[str, torch.Tensor]]:
         grads, self._rp_grads = self._rp_grads, []
         return grads
+
+
+class StreamingActorWorker(StreamingActorMixin, ActorRolloutRefWorker):
+    """Hybrid layout: actor and rollout share verl's ``ActorRolloutRefWorker``."""
+
+
+class StreamingDetachActorWorker(StreamingActorMixin, DetachActorWorker):
+    """Disaggregated layout: the trainer pool's actor (verl's ``DetachActorWorker``); rollout runs elsewhere."""

@@ -65,3 +65,14 @@ def test_verify_onpolicy_is_exact(tmp_path):
     assert any(n > 0 for n in v["grad_norms_pipelined"])  # something was actually learned
     assert v["weights_moved"] > 0
     assert v["rollout_vs_snapshot_logprob_gap"] > 0  # vLLM's log-probs are not the trainer's: snapshot matters
+
+
+def test_disaggregated_layout_publishes_weights(tmp_path):
+    """Standalone vLLM replica on its own pool, started from random weights: only the CPU checkpoint-engine
+    publish can make its log-probs match the trainer's."""
+    log = run_main(tmp_path, "rolloutpipe.layout=disaggregated", "trainer.total_training_steps=2")
+    rounds = ROUND.findall(log)
+    assert [r[0] for r in rounds] == ["1", "2"], log[-3000:]
+    diffs = [float(x) for x in re.findall(r"lp_diff=([0-9.]+)", log)]
+    assert len(diffs) == 2 and max(diffs) < 0.05, diffs
+    assert all(float(r[2]) > 0 for r in rounds)  # random weights would answer no arithmetic

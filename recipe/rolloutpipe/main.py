@@ -58,8 +58,33 @@ def prepare_runtime(config: DictConfig) -> None:
         ray.init(**kwargs)
 
 
+# What ``rolloutpipe.layout=disaggregated`` sets (verl keys): no hybrid engine, one standalone vLLM replica on its
+# own pool, weights published through the Ray object store (rolloutpipe_workers/cpu_checkpoint_engine.py).
+DISAGGREGATED = {
+    "actor_rollout_ref.hybrid_engine": False,
+    "actor_rollout_ref.rollout.nnodes": 1,
+    "actor_rollout_ref.rollout.n_gpus_per_node": 1,
+    "actor_rollout_ref.rollout.checkpoint_engine.backend": "rolloutpipe_ray",
+    "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module": "rolloutpipe_workers.cpu_checkpoint_engine",
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": 64,
+    # replicas start from random weights: the first publish makes them real (so a broken publish cannot hide)
+    "actor_rollout_ref.rollout.load_format": "dummy",
+}
+
+
+def apply_layout(config: DictConfig) -> None:
+    layout = config.rolloutpipe.layout
+    if layout not in ("hybrid", "disaggregated"):
+        raise SystemExit(f"rolloutpipe: rolloutpipe.layout={layout!r}: use hybrid or disaggregated")
+    if layout == "disaggregated":
+        with open_dict(config):
+            for key, value in DISAGGREGATED.items():
+                OmegaConf.update(config, key, value, merge=False)
+
+
 def run(config: DictConfig) -> None:
     trainer = config.rolloutpipe.trainer
+    apply_layout(config)
     if trainer not in ("rolloutpipe", "stock"):
         raise SystemExit(f"rolloutpipe: rolloutpipe.trainer={trainer!r}: use rolloutpipe or stock (verl's own)")
     if trainer == "rolloutpipe":

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 from verl import DataProto
+from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
 from verl.trainer.ppo.metric_utils import compute_data_metrics
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_advantage, compute_response_mask
 from verl.trainer.ppo.reward import extract_reward
@@ -263,6 +264,11 @@ class RolloutPipeTrainer(RayPPOTrainer):
             b.meta_info.pop("global_token_num", None)  # per-step values; the round's batch needs none
         batch = DataProto.concat(trained)
         metrics.update(compute_data_metrics(batch=batch, use_critic=False))
+        if p.old_log_prob == "snapshot" and "rollout_log_probs" in batch.batch.keys():
+            # vLLM's log-probs vs the trainer's under the same weights v: small only if the publish reached vLLM
+            mask = batch.batch["response_mask"].float()
+            gap = (batch.batch["rollout_log_probs"] - batch.batch["old_log_probs"]).abs() * mask
+            metrics[PREFIX + "rollout_vs_trainer_logprob_diff"] = float(gap.sum() / mask.sum())
         metrics["training/global_step"] = self.global_steps
         self.round_rewards.append(float(metrics["critic/score/mean"]))
         m = {k.removeprefix(PREFIX): v for k, v in timeline.metrics().items()}
@@ -271,9 +277,18 @@ class RolloutPipeTrainer(RayPPOTrainer):
             f"U={p.step_groups} reward={metrics['critic/score/mean']:.3f} "
             f"rollout_to_train_end={m['rollout_to_train_end_s']:.2f}s wait_ratio={m['trainer_wait_ratio']:.1%} "
             f"first_dispatch={m['first_dispatch_s']:.2f}s overlap_eff={m['overlap_efficiency']:.2f} "
-            f"publish={m.get('publish_s', 0):.2f}s timeline={self.timeline_dir / stem}.png"
+            f"publish={m.get('publish_s', 0):.2f}s "
+            f"lp_diff={metrics.get(PREFIX + 'rollout_vs_trainer_logprob_diff', float('nan')):.4f} "
+            f"timeline={self.timeline_dir / stem}.png"
         )
         return metrics
+
+
+class DisaggregatedRolloutPipeTrainer(RolloutPipeTrainer, OneStepOffRayTrainer):
+    """The same round on separate pools: the actor on the trainer pool (``DetachActorWorker``), rollout on
+    standalone vLLM replicas with their own pool, weights published through verl's ``CheckpointEngineManager``.
+    Worker layout and start-up come from verl's ``OneStepOffRayTrainer`` (via ``SeparateRayPPOTrainer``); the
+    training loop is RolloutPipe's (its synchronous ``fit`` replaces one-step-off's asynchronous one)."""
 
 
 def _merge(dicts: list[dict]) -> dict[str, list]:
