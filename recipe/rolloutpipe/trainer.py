@@ -61,7 +61,6 @@ class RolloutPipeTrainer(RayPPOTrainer):
         self.weights_version = 0
         self.clock = MonotonicClock()
         self.timeline_dir = Path(self.config.rolloutpipe.timeline_dir)
-        self.timelines: list[RoundTimeline] = []
         self.round_rewards: list[float] = []
         self.val_scores: list[tuple[int, float]] = []
 
@@ -256,8 +255,10 @@ class RolloutPipeTrainer(RayPPOTrainer):
     def _round_metrics(self, timeline: RoundTimeline, trained: list[DataProto], outs: list[DataProto]) -> dict:
         p = self.pipe
         stem = f"round{self.global_steps:04d}_{p.mode}"
-        timeline.write(self.timeline_dir, stem)
-        self.timelines.append(timeline)
+        every = self.config.rolloutpipe.timeline_png_every
+        png = self.global_steps == 1 or self.global_steps >= self.total_training_steps or (
+            every > 0 and self.global_steps % every == 0)
+        timeline.write(self.timeline_dir, stem, png=png)
         metrics = dict(timeline.metrics())
         metrics.update(reduce_metrics(_merge([o.meta_info["metrics"] for o in outs])))
         for b in trained:
@@ -279,7 +280,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
             f"first_dispatch={m['first_dispatch_s']:.2f}s overlap_eff={m['overlap_efficiency']:.2f} "
             f"publish={m.get('publish_s', 0):.2f}s "
             f"lp_diff={metrics.get(PREFIX + 'rollout_vs_trainer_logprob_diff', float('nan')):.4f} "
-            f"timeline={self.timeline_dir / stem}.png"
+            f"timeline={self.timeline_dir / stem}.{'png' if png else 'json'}"
         )
         return metrics
 
