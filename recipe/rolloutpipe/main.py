@@ -34,6 +34,22 @@ def resolve_embedded(config: DictConfig) -> None:
                 OmegaConf.update(config, key, value, merge=False)
 
 
+def apply_reward_guard(config: DictConfig) -> None:
+    """Route verl's custom reward function through recipe/rolloutpipe/reward_guard.py (policy for bad rewards)."""
+    guard = config.rolloutpipe.reward_guard
+    fn = config.reward.custom_reward_function
+    if not guard.enable or fn.path is None or fn.get("name") == "guarded_score":
+        return
+    if guard.on_error not in ("zero", "raise"):
+        raise SystemExit(f"rolloutpipe: rolloutpipe.reward_guard.on_error={guard.on_error!r}: use zero or raise")
+    kwargs = {**(fn.get("reward_kwargs") or {}), "user_path": fn.path, "user_name": fn.name,
+              "on_error": guard.on_error, "timeout_s": float(guard.timeout_s)}
+    with open_dict(config):
+        fn.path = str(Path(__file__).with_name("reward_guard.py"))
+        fn.name = "guarded_score"
+        fn.reward_kwargs = kwargs
+
+
 def prepare_runtime(config: DictConfig) -> None:
     """Environment checks and Ray start-up, before any worker exists."""
     from rolloutpipe_workers.check_env import check_or_exit
@@ -42,6 +58,7 @@ def prepare_runtime(config: DictConfig) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.rolloutpipe.vllm_cpu_kvcache_gib))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     resolve_embedded(config)
+    apply_reward_guard(config)
     import ray
 
     if not ray.is_initialized():

@@ -265,6 +265,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
             b.meta_info.pop("global_token_num", None)  # per-step values; the round's batch needs none
         batch = DataProto.concat(trained)
         metrics.update(compute_data_metrics(batch=batch, use_critic=False))
+        if "reward_error" in batch.non_tensor_batch:
+            metrics[PREFIX + "reward_errors"] = float(np.sum(batch.non_tensor_batch["reward_error"].astype(float)))
         if p.old_log_prob == "snapshot" and "rollout_log_probs" in batch.batch.keys():
             # vLLM's log-probs vs the trainer's under the same weights v: small only if the publish reached vLLM
             mask = batch.batch["response_mask"].float()
@@ -280,7 +282,9 @@ class RolloutPipeTrainer(RayPPOTrainer):
             f"first_dispatch={m['first_dispatch_s']:.2f}s overlap_eff={m['overlap_efficiency']:.2f} "
             f"publish={m.get('publish_s', 0):.2f}s "
             f"lp_diff={metrics.get(PREFIX + 'rollout_vs_trainer_logprob_diff', float('nan')):.4f} "
-            f"timeline={self.timeline_dir / stem}.{'png' if png else 'json'}"
+            + (f"reward_errors={metrics[PREFIX + 'reward_errors']:.0f} " if metrics.get(PREFIX + "reward_errors")
+               else "")
+            + f"timeline={self.timeline_dir / stem}.{'png' if png else 'json'}"
         )
         return metrics
 

@@ -1,0 +1,66 @@
+"""Bad reward output is handled by policy: scored 0 and counted, or one clear error; never a hang."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from recipe.rolloutpipe.reward_guard import RewardFunctionError, guarded_score
+from recipe.rolloutpipe.task import DATA_SOURCE
+
+ROOT = Path(__file__).resolve().parents[1]
+FAULTY = str(ROOT / "tests" / "data" / "faulty_reward.py")
+
+
+def answer_with_key(k: int, correct: str = "12") -> str:
+    """A response whose fault key (sum of code points % 10) is k, still starting with the right answer."""
+    for pad in range(200):
+        s = correct + " " + "a" * pad
+        if sum(map(ord, s)) % 10 == k:
+            return s
+    raise AssertionError
+
+
+@pytest.mark.parametrize("key", [0, 1, 2, 3])
+def test_faults_score_zero_and_are_flagged(key):
+    t = time.perf_counter()
+    out = guarded_score(DATA_SOURCE, answer_with_key(key), "12", user_path=FAULTY, timeout_s=0.2)
+    assert out == {"score": 0.0, "acc": 0.0, "reward_error": 1.0}
+    assert time.perf_counter() - t < 0.9  # the slow call was not waited for
+
+
+def test_good_scores_pass_through():
+    out = guarded_score(DATA_SOURCE, answer_with_key(5), "12", user_path=FAULTY, timeout_s=0.2)
+    assert out == {"score": 1.0, "acc": 1.0, "reward_error": 0.0}
+    assert guarded_score(DATA_SOURCE, answer_with_key(5, "13"), "12", user_path=FAULTY)["score"] == 0.0
+
+
+def test_raise_policy_names_function_and_cause():
+    with pytest.raises(RewardFunctionError, match=r"compute_score in .*faulty_reward.py failed \(RuntimeError: "
+                                                  r"reward service unavailable\).*on_error=zero"):
+        guarded_score(DATA_SOURCE, answer_with_key(0), "12", user_path=FAULTY, on_error="raise")
+    with pytest.raises(RewardFunctionError, match="has no function 'nope'"):
+        guarded_score(DATA_SOURCE, "1", "1", user_path=FAULTY, user_name="nope")
+
+
+def test_round_completes_with_faulty_reward(tmp_path):
+    """Real stack: every fault fires inside verl's reward loop; both rounds train all 16 groups and count errors."""
+    out = subprocess.run(
+        [sys.executable, "-m", "recipe.rolloutpipe.main", "trainer.total_training_steps=2",
+         "trainer.val_before_train=false", "trainer.test_freq=-1", f"reward.custom_reward_function.path={FAULTY}",
+         "rolloutpipe.reward_guard.timeout_s=0.3", f"rolloutpipe.timeline_dir={tmp_path}/tl",
+         f"hydra.run.dir={tmp_path}/hydra"],
+        capture_output=True, text=True, timeout=900, cwd=ROOT)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-5000:]
+    errors = [int(x) for x in re.findall(r"\[rolloutpipe\] round \d+ .*reward_errors=(\d+)", log)]
+    assert len(errors) == 2 and all(e > 0 for e in errors), log[-3000:]
+    consumed = re.findall(r"rolloutpipe/groups_trained:([0-9.]+)", log)
+    assert [float(c) for c in consumed] == [16.0, 16.0]
+    assert not any(math.isnan(float(x)) for x in re.findall(r"critic/score/mean:([0-9.na]+)", log))
