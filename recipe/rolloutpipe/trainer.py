@@ -34,6 +34,7 @@ from .pipeline import (
     MonotonicClock,
     PipelineInvariantError,
     RoundTimeline,
+    dispatch_mode_of,
     make_admission,
 )
 from .rollout_stream import GroupRolloutStream
@@ -114,7 +115,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
 
         ledger = GroupLedger(version, p.num_groups, p.group_size, clock=self.clock)
-        fifo = CompleteGroupFIFO(ledger, "sync" if p.mode == "sync" else "cgp", p.step_groups)
+        fifo = CompleteGroupFIFO(ledger, dispatch_mode_of(p.mode), p.step_groups)
         admission = make_admission(p.mode, p.frontier_width, p.fgd_strength)  # type: ignore[arg-type]
         timeline = RoundTimeline(ledger)
         lock = threading.Condition()
@@ -274,7 +275,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
             metrics[PREFIX + "rollout_vs_trainer_logprob_diff"] = float(gap.sum() / mask.sum())
         metrics["training/global_step"] = self.global_steps
         self.round_rewards.append(float(metrics["critic/score/mean"]))
-        m = {k.removeprefix(PREFIX): v for k, v in timeline.metrics().items()}
+        m = {k.removeprefix(PREFIX): v for k, v in metrics.items() if k.startswith(PREFIX)}
         tqdm.write(
             f"[rolloutpipe] round {self.global_steps} mode={p.mode} R={p.num_groups} K={p.group_size} "
             f"U={p.step_groups} reward={metrics['critic/score/mean']:.3f} "

@@ -35,6 +35,7 @@ def verify_in_trainer(trainer) -> dict:  # noqa: ANN001 - a RolloutPipeTrainer, 
     trainer.global_steps = 1
     trainer.checkpoint_manager.update_weights(0)
     wg.save_train_state("round_start")
+    start_weights = wg.get_weights()[0]
     wg.record_step_grads(True)
     batch = DataProto.from_single_dict(next(iter(trainer.train_dataloader)))
     trainer.fit_round(batch)
@@ -68,8 +69,7 @@ def verify_in_trainer(trainer) -> dict:  # noqa: ANN001 - a RolloutPipeTrainer, 
         "rollout_vs_snapshot_logprob_gap": _masked_max_abs(serial.batch["rollout_log_probs"], pipe_old, mask),
         "rollout_vs_snapshot_logprob_mean_gap": float(((serial.batch["rollout_log_probs"] - pipe_old).abs() * mask)
                                                       .sum() / mask.sum()),
-        "weights_moved": max(float((pipe_weights[k] - trainer_start_weights).abs().max())
-                             for k, trainer_start_weights in _start(wg).items()),
+        "weights_moved": max(float((pipe_weights[k] - w).abs().max()) for k, w in start_weights.items()),
         "verl_grad_norm_per_step": [o.meta_info["metrics"].get("actor/grad_norm") for o in step_outputs],
         "groups_with_reward_variance_per_step": [
             sum(bool(g.abs().sum() > 0) for g in t.batch["advantages"].split(trainer.pipe.group_size))
@@ -81,11 +81,6 @@ def verify_in_trainer(trainer) -> dict:  # noqa: ANN001 - a RolloutPipeTrainer, 
         Path(out).write_text(json.dumps(result, indent=1))
     print("[rolloutpipe] verify_onpolicy:", json.dumps(result), flush=True)
     return result
-
-
-def _start(wg) -> dict:  # noqa: ANN001
-    wg.load_train_state("round_start")
-    return wg.get_weights()[0]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ Imports nothing from verl, vllm, ray or torch (a test checks it); matplotlib is 
 """
 
 from .clock import Clock, ManualClock, MonotonicClock
-from .fifo import CompleteGroupFIFO, Dispatch, DispatchMode
+from .fifo import CompleteGroupFIFO, Dispatch, DispatchMode, dispatch_mode_of
 from .frontier import (
     AdaptiveFrontierAdmission,
     Admission,
@@ -36,6 +36,7 @@ __all__ = [
     "PipelineStallError",
     "RoundTimeline",
     "TrainerInterval",
+    "dispatch_mode_of",
     "make_admission",
     "plot_gantt",
 ]

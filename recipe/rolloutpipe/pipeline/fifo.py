@@ -24,6 +24,11 @@ class Dispatch:
     version: int
 
 
+def dispatch_mode_of(mode: str) -> DispatchMode:
+    """The FIFO release rule of a RolloutPipe mode: ``sync`` waits for the whole round; every other mode is CGP."""
+    return "sync" if mode == "sync" else "cgp"
+
+
 class CompleteGroupFIFO:
     """Releases materialized groups in materialization order, never across an optimizer-step boundary.
 

@@ -16,6 +16,7 @@ from ..pipeline import (
     GroupLedger,
     ManualClock,
     RoundTimeline,
+    dispatch_mode_of,
     make_admission,
 )
 
@@ -161,7 +162,7 @@ def simulate_round(
     lengths = workload.lengths(spec.num_groups + extra, spec.group_size, rng)
     filtered = [rng.random() < spec.filter_p for _ in lengths]
     ledger = GroupLedger(0, spec.num_groups, spec.group_size, max_extra_groups=extra, clock=clock)
-    fifo = CompleteGroupFIFO(ledger, "sync" if spec.mode == "sync" else "cgp", spec.step_groups)
+    fifo = CompleteGroupFIFO(ledger, dispatch_mode_of(spec.mode), spec.step_groups)
     admission = make_admission(spec.mode, spec.frontier_width, spec.fgd_strength,  # type: ignore[arg-type]
                                target_running=engine.max_running)
     timeline = RoundTimeline(ledger)
