@@ -26,10 +26,12 @@ from recipe.rolloutpipe.pipeline import (
 )
 
 
-def drive_round(data, R: int, K: int, U: int, mode: str, width: int, strength: str, extra: int, filter_p: float):
+def drive_round(data, R: int, K: int, U: int, mode: str, width: int, strength: str, extra: int, filter_p: float,
+                limit: int | None = None):
     """Random completion order, random filtering, random trainer pulls; checks invariants after every event."""
     clock = ManualClock()
-    ledger = GroupLedger(version=3, num_groups=R, group_size=K, max_extra_groups=extra, clock=clock)
+    ledger = GroupLedger(version=3, num_groups=R, group_size=K, max_extra_groups=extra, clock=clock,
+                         max_buffered_groups=limit)
     fifo = CompleteGroupFIFO(ledger, "sync" if mode == "sync" else "cgp", U)
     admission = make_admission(mode, width, strength)
     in_engine: list[tuple[int, int]] = []  # (group, responses left to finish)
@@ -47,6 +49,8 @@ def drive_round(data, R: int, K: int, U: int, mode: str, width: int, strength: s
         active = {g for g, _ in in_engine}
         if mode == "cgp_fgd" and strength == "hold":
             assert len(active) <= width
+        if limit is not None:
+            assert ledger.buffered <= limit
         moves = []
         if in_engine:
             moves.append("finish")
@@ -68,6 +72,7 @@ def drive_round(data, R: int, K: int, U: int, mode: str, width: int, strength: s
             assert d is not None and d.version == 3
             assert d.group_ids or (d.ends_step and current_step)  # an empty dispatch only closes an open step
             ledger.consume(d.group_ids, trainer_version=3)
+            admit()  # consumption frees buffer room
             consumed.extend(d.group_ids)
             current_step.extend(d.group_ids)
             if d.ends_step:
@@ -89,16 +94,21 @@ def drive_round(data, R: int, K: int, U: int, mode: str, width: int, strength: s
     strength=st.sampled_from(["hold", "priority"]),
     extra=st.integers(0, 4),
     filter_p=st.sampled_from([0.0, 0.3, 0.7]),
+    slack=st.sampled_from([None, 0, 1, 3]),
 )
-def test_every_group_consumed_exactly_once(data, R, K, U, mode, width, strength, extra, filter_p):
-    ledger, fifo, consumed, steps, leftover = drive_round(data, R, K, U, mode, width, strength, extra, filter_p)
+def test_every_group_consumed_exactly_once(data, R, K, U, mode, width, strength, extra, filter_p, slack):
+    # a buffer bound of U + slack groups (sync needs the whole round: R + extra)
+    limit = None if slack is None else (R + extra if mode == "sync" else U + slack)
+    ledger, fifo, consumed, steps, leftover = drive_round(data, R, K, U, mode, width, strength, extra, filter_p,
+                                                          limit)
     assert ledger.rollout_closed and fifo.exhausted
     fifo.check_drained()
     assert leftover == []  # the last dispatch always closes a step
     trainable = [g.order for g in ledger.groups if g.state is GroupState.CONSUMED]
     assert sorted(consumed) == sorted(trainable)
     assert len(consumed) == len(set(consumed))
-    assert consumed == ledger.materialization_order  # FIFO order
+    # cgp: FIFO (arrival) order; sync: the serial baseline trains in submission (data) order
+    assert consumed == (sorted(ledger.materialization_order) if mode == "sync" else ledger.materialization_order)
     assert all(len(s) == U for s in steps[:-1]) and (not steps or 1 <= len(steps[-1]) <= U)
     assert not fifo.has_work()
     assert len(trainable) == R - ledger.short_by
@@ -284,3 +294,20 @@ def test_stall_watchdog_names_outstanding_groups():
                                                  r"admitted: \[1, 2\]"):
         ledger.check_progress(10)
     ledger.check_progress(None)  # disabled
+
+
+def test_buffer_bound_holds_admission_until_the_trainer_consumes():
+    ledger = GroupLedger(version=0, num_groups=6, group_size=2, clock=ManualClock(), max_buffered_groups=3)
+    fifo = CompleteGroupFIFO(ledger, "cgp", step_groups=2)
+    admission = make_admission("cgp", frontier_width=2)
+    assert [a.group_id for a in admission.admit(ledger)] == [0, 1, 2]  # FIFO admission would take all six
+    for g in (0, 1, 2):
+        ledger.complete_serving(g)
+        ledger.materialize(g)
+    assert admission.admit(ledger) == [] and ledger.buffered == 3  # generated but not trained: still held
+    d = fifo.take(whole_step=True)
+    assert d.group_ids == (0, 1) and admission.admit(ledger) == []  # dispatched is still in memory
+    ledger.consume(d.group_ids, trainer_version=0)
+    assert [a.group_id for a in admission.admit(ledger)] == [3, 4] and ledger.buffered == 3
+    with pytest.raises(ValueError, match="max_buffered_groups"):
+        GroupLedger(version=0, num_groups=2, group_size=1, max_buffered_groups=0)

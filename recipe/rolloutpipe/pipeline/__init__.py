@@ -13,7 +13,14 @@ from .frontier import (
     FrontierAdmission,
     make_admission,
 )
-from .ledger import GroupLedger, GroupRecord, GroupState, PipelineInvariantError, PipelineStallError
+from .ledger import (
+    GroupLedger,
+    GroupRecord,
+    GroupState,
+    PipelineInvariantError,
+    PipelineStallError,
+    RoundAbortedError,
+)
 from .timeline import PREFIX, RoundTimeline, TrainerInterval, plot_gantt
 
 __all__ = [
@@ -34,6 +41,7 @@ __all__ = [
     "MonotonicClock",
     "PipelineInvariantError",
     "PipelineStallError",
+    "RoundAbortedError",
     "RoundTimeline",
     "TrainerInterval",
     "dispatch_mode_of",

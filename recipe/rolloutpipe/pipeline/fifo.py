@@ -74,6 +74,12 @@ class CompleteGroupFIFO:
         """The round closed short with a step still open: ``take()`` returns the empty closing dispatch."""
         return self._step_open and self.exhausted
 
+    def _dispatch_order(self) -> list[int]:
+        """cgp: arrival (materialization) order. sync: submission order -- the serial baseline trains the round in
+        data order, as verl does, whatever order its groups finished in (it releases only when all are in)."""
+        mat = self.ledger.materialization_order
+        return sorted(mat) if self.mode == "sync" else mat
+
     def _left_in_step(self) -> int:
         return self.step_groups - self._cursor % self.step_groups
 
@@ -100,7 +106,7 @@ class CompleteGroupFIFO:
         n = min(avail, left, max_groups or left)
         start = self._cursor
         step_index = start // self.step_groups
-        ids = tuple(self.ledger.materialization_order[start : start + n])
+        ids = tuple(self._dispatch_order()[start : start + n])
         for gid in ids:
             self.ledger.dispatch(gid, step_index)
         self._cursor += n

@@ -26,13 +26,16 @@ class Admission:
 
 class AdmissionPolicy(Protocol):
     def admit(self, ledger: GroupLedger) -> list[Admission]:
-        """Groups to admit now (marked admitted in the ledger). Call at round start and after each completion."""
+        """Groups to admit now (marked admitted in the ledger). Call at round start, after each completion and,
+        with a buffer bound, after each consumption."""
         ...
 
 
 def _admit_all(ledger: GroupLedger, records: list[GroupRecord], priority_of_order: bool) -> list[Admission]:
+    """Admit ``records`` in order, as far as the ledger's buffer bound allows (the rest stay submitted and are
+    offered again on the next call: back-pressure)."""
     out = []
-    for rec in records:
+    for rec in records[: ledger.admission_budget()]:
         ledger.admit(rec.order)
         out.append(Admission(rec.order, rec.order if priority_of_order else 0))
     return out

@@ -25,6 +25,11 @@ class PipelineStallError(PipelineInvariantError):
     """No group changed state for longer than the watchdog allows."""
 
 
+class RoundAbortedError(RuntimeError):
+    """A round could not complete (a worker died, the rollout failed); none of it was published, so the last
+    checkpoint at a round boundary is still valid and resuming restarts this round."""
+
+
 class GroupState(enum.Enum):
     SUBMITTED = "submitted"
     ADMITTED = "admitted"
@@ -46,6 +51,7 @@ _NEXT: dict[GroupState, tuple[GroupState, ...]] = {
     GroupState.CONSUMED: (),
 }
 _TRAINABLE = (GroupState.MATERIALIZED, GroupState.DISPATCHED, GroupState.CONSUMED)
+_BUFFERED = (GroupState.ADMITTED, GroupState.SERVING_COMPLETE, GroupState.MATERIALIZED, GroupState.DISPATCHED)
 _FINAL_FOR_ROLLOUT = _TRAINABLE + (GroupState.FILTERED,)
 
 
@@ -81,9 +87,14 @@ class GroupLedger:
         group_size: int,
         max_extra_groups: int = 0,
         clock: Clock | None = None,
+        max_buffered_groups: int | None = None,
     ) -> None:
         if num_groups < 1 or group_size < 1 or max_extra_groups < 0:
             raise ValueError(f"bad round shape: R={num_groups} K={group_size} max_extra_groups={max_extra_groups}")
+        if max_buffered_groups is not None and max_buffered_groups < 1:
+            raise ValueError(f"max_buffered_groups must be >= 1 or None, got {max_buffered_groups}")
+        # bounded memory: at most this many groups between admission and consumption (None: no bound)
+        self.max_buffered_groups = max_buffered_groups
         self.version = version
         self.num_groups = num_groups
         self.group_size = group_size
@@ -192,6 +203,17 @@ class GroupLedger:
             if g.state not in (GroupState.CONSUMED, GroupState.FILTERED):
                 out.setdefault(g.state.value, []).append(g.order)
         return out
+
+    @property
+    def buffered(self) -> int:
+        """Groups whose requests or rows are held now: admitted, generated, waiting in the FIFO or in training."""
+        return len(self.in_state(*_BUFFERED))
+
+    def admission_budget(self) -> int:
+        """How many more groups admission may let in (back-pressure from the FIFO and the trainer)."""
+        if self.max_buffered_groups is None:
+            return len(self.groups)
+        return max(0, self.max_buffered_groups - self.buffered)
 
     def check_progress(self, stall_timeout_s: float | None) -> None:
         """Stall watchdog: raise, naming every outstanding group and its state, if nothing moved for too long."""
