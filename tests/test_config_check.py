@@ -38,6 +38,8 @@ def test_default_config_is_valid():
     (["actor_rollout_ref.actor.optim.lr_warmup_steps=5"], "constant learning rate"),
     (["algorithm.adv_estimator=gae"], "use grpo"),
     (["rolloutpipe.stall_timeout_s=0"], "rolloutpipe.stall_timeout_s=0"),
+    (["rolloutpipe.max_buffered_groups=3"], "rolloutpipe.max_buffered_groups=3 is below what mode=cgp_fgd must hold"),
+    (["rolloutpipe.mode=sync", "rolloutpipe.max_buffered_groups=8"], "set it >= 16"),
 ])
 def test_bad_config_names_key_and_fix(overrides, needle):
     with pytest.raises(RolloutPipeConfigError) as e:

@@ -22,6 +22,7 @@ class PipeSettings:
     frontier_width: int  # F_w
     fgd_strength: str
     old_log_prob: str  # snapshot | rollout
+    max_buffered_groups: int | None = None  # bound on groups between admission and consumption (back-pressure)
 
 
 def _get(cfg: DictConfig, key: str, default=None):  # noqa: ANN001, ANN202
@@ -59,6 +60,13 @@ def validate(cfg: DictConfig) -> PipeSettings:
     stall = rp.get("stall_timeout_s")
     if stall is not None and float(stall) <= 0:
         errors.append(f"rolloutpipe.stall_timeout_s={stall}: use a positive number of seconds (or null to disable)")
+    bound = rp.get("max_buffered_groups")
+    if bound is not None:
+        need = r if mode == "sync" else u
+        if int(bound) < need:
+            errors.append(f"rolloutpipe.max_buffered_groups={bound} is below what mode={mode} must hold at once "
+                          f"({need}: " + ("the sync baseline trains only after the whole round" if mode == "sync"
+                                         else "an optimizer step takes U whole groups") + f"): set it >= {need}")
     dp = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
     if (u * k) % dp:
         errors.append(f"an optimizer step has U*K={u * k} responses, which the trainer's data-parallel size {dp} "
@@ -83,4 +91,5 @@ def validate(cfg: DictConfig) -> PipeSettings:
                       "scheduler once per update call; a streamed round makes R/U calls)")
     if errors:
         raise RolloutPipeConfigError("rolloutpipe: invalid config:\n  - " + "\n  - ".join(errors))
-    return PipeSettings(mode, r, k, u, int(fw), strength, rp.old_log_prob)
+    return PipeSettings(mode, r, k, u, int(fw), strength, rp.old_log_prob,
+                        None if bound is None else int(bound))

@@ -34,6 +34,16 @@ def resolve_embedded(config: DictConfig) -> None:
                 OmegaConf.update(config, key, value, merge=False)
 
 
+def resolve_config_files(config: DictConfig) -> None:
+    """Relative config-file paths of the recipe (agent loops) are files in config/: make them absolute so every
+    Ray worker finds them whatever its working directory."""
+    agent = config.actor_rollout_ref.rollout.agent
+    path = agent.get("agent_loop_config_path")
+    if path and not os.path.isabs(path) and (Path(CONFIG_DIR) / path).exists():
+        with open_dict(config):
+            agent.agent_loop_config_path = str(Path(CONFIG_DIR) / path)
+
+
 def apply_reward_guard(config: DictConfig) -> None:
     """Route verl's custom reward function through recipe/rolloutpipe/reward_guard.py (policy for bad rewards)."""
     guard = config.rolloutpipe.reward_guard
@@ -50,15 +60,24 @@ def apply_reward_guard(config: DictConfig) -> None:
         fn.reward_kwargs = kwargs
 
 
-def prepare_runtime(config: DictConfig) -> None:
-    """Environment checks and Ray start-up, before any worker exists."""
+def prepare_runtime(config: DictConfig, worker_env: dict[str, str] | None = None) -> None:
+    """Environment checks and Ray start-up, before any worker exists (``worker_env``: extra variables for every
+    Ray worker)."""
     from rolloutpipe_workers.check_env import check_or_exit
 
     check_or_exit(need_vllm=True)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.rolloutpipe.vllm_cpu_kvcache_gib))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     resolve_embedded(config)
+    resolve_config_files(config)
     apply_reward_guard(config)
+    if config.rolloutpipe.get("data_check", {}).get("enable", False):
+        from .data_check import DataCheckError, check_data, summary
+
+        try:
+            print(summary(check_data(config, config.rolloutpipe.data_check.clean_dir)), flush=True)
+        except DataCheckError as e:
+            raise SystemExit(str(e)) from None
     import ray
 
     if not ray.is_initialized():
@@ -66,7 +85,9 @@ def prepare_runtime(config: DictConfig) -> None:
 
         from rolloutpipe_workers.cpu_platform import on_cpu
 
-        kwargs = {"runtime_env": get_ppo_ray_runtime_env(config), "include_dashboard": False}
+        runtime_env = get_ppo_ray_runtime_env(config)
+        runtime_env.setdefault("env_vars", {}).update(worker_env or {})
+        kwargs = {"runtime_env": runtime_env, "include_dashboard": False}
         if on_cpu():
             # verl asks for "GPU" bundles and several CPUs per worker: advertise logical slots (docs/cpu_stack.md).
             gpus = config.trainer.nnodes * config.trainer.n_gpus_per_node
@@ -118,10 +139,14 @@ def run(config: DictConfig) -> None:
         from verl.trainer.main_ppo_v0 import TaskRunner
 
         run_ppo(config, task_runner_class=TaskRunner)
-    else:
-        from .runner import RolloutPipeTaskRunner
+        return
+    from .pipeline import PipelineStallError, RoundAbortedError
+    from .runner import RolloutPipeTaskRunner
 
+    try:
         run_ppo(config, task_runner_class=RolloutPipeTaskRunner)
+    except (RoundAbortedError, PipelineStallError) as e:  # raised in the task runner; Ray re-raises it here
+        raise SystemExit(str(getattr(e, "cause", None) or e).strip()) from None
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="rolloutpipe", version_base=None)

@@ -10,10 +10,16 @@ priority reaches vLLM through the batch's ``priority`` column (honoured under ``
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import ray
 from verl import DataProto
+
+SAMPLE_COLUMN = "sample_in_group"  # which of the K samples a row is (agent loops may use it)
+SEED_COLUMN = "request_seed"  # vLLM sampling seed of the row (rolloutpipe_workers.agent_loops); -1 = unseeded
+# columns the stream adds for the engine; not part of the training batch
+REQUEST_COLUMNS = ("priority", SAMPLE_COLUMN, SEED_COLUMN)
 
 
 class GroupRolloutStream:
@@ -22,10 +28,14 @@ class GroupRolloutStream:
         self.group_size = group_size
         self._inflight: dict[ray.ObjectRef, int] = {}
 
-    def submit(self, group_id: int, prompt: DataProto, priority: int, meta: dict) -> None:
-        """Send the K samples of one prompt (``prompt`` has 1 row) to the next agent-loop worker."""
+    def submit(self, group_id: int, prompt: DataProto, priority: int, meta: dict, seed: int | None = None) -> None:
+        """Send the K samples of one prompt (``prompt`` has 1 row) to the next agent-loop worker; with ``seed``,
+        sample j is drawn with vLLM seed ``seed + j``."""
         rows = prompt.repeat(repeat_times=self.group_size, interleave=True)
         rows.non_tensor_batch["priority"] = np.full(len(rows), priority, dtype=np.int64)
+        rows.non_tensor_batch[SAMPLE_COLUMN] = np.arange(len(rows), dtype=np.int64)
+        rows.non_tensor_batch[SEED_COLUMN] = (np.full(len(rows), -1, dtype=np.int64) if seed is None
+                                              else seed + np.arange(len(rows), dtype=np.int64))
         rows.meta_info.update(meta)
         self._inflight[next(self._workers).generate_sequences.remote(rows)] = group_id
 
@@ -36,6 +46,7 @@ class GroupRolloutStream:
     def poll(self, timeout_s: float) -> list[tuple[int, DataProto]]:
         """Groups finished since the last call (waits up to ``timeout_s`` for the first one)."""
         if not self._inflight:
+            time.sleep(timeout_s)  # nothing admitted (back-pressure): don't spin
             return []
         ready, _ = ray.wait(list(self._inflight), num_returns=1, timeout=timeout_s)
         if ready:  # take everything else that is done too

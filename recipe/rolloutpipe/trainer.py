@@ -13,6 +13,8 @@ runs in the calling thread. They share the ledger and the FIFO under one lock.
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import uuid
 from pathlib import Path
@@ -33,11 +35,12 @@ from .pipeline import (
     GroupLedger,
     MonotonicClock,
     PipelineInvariantError,
+    RoundAbortedError,
     RoundTimeline,
     dispatch_mode_of,
     make_admission,
 )
-from .rollout_stream import GroupRolloutStream
+from .rollout_stream import REQUEST_COLUMNS, GroupRolloutStream
 
 
 class _SnapshotLogProbs:
@@ -64,6 +67,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         self.timeline_dir = Path(self.config.rolloutpipe.timeline_dir)
         self.round_rewards: list[float] = []
         self.val_scores: list[tuple[int, float]] = []
+        self.groups_trained_total = 0
 
     # ---- the training loop -----------------------------------------------------------------------------------
     def fit(self) -> None:
@@ -90,7 +94,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         done = False
         while not done:
             for batch_dict in self.train_dataloader:
-                metrics = self.fit_round(DataProto.from_single_dict(batch_dict))
+                metrics = self._fit_round_or_abort(DataProto.from_single_dict(batch_dict))
                 last = self.global_steps >= self.total_training_steps
                 if test_freq > 0 and (last or self.global_steps % test_freq == 0):
                     metrics.update(self._validate_and_report())
@@ -105,6 +109,60 @@ class RolloutPipeTrainer(RayPPOTrainer):
         tqdm.write("[rolloutpipe] done: mean training reward per 10 rounds "
                    f"{[round(sum(b) / len(b), 3) for b in blocks]}; validation {self.val_scores}")
 
+    def _fit_round_or_abort(self, batch: DataProto) -> dict[str, float]:
+        """``fit_round``; a dead worker becomes one message naming the round and the checkpoint to resume from."""
+        import ray
+
+        try:
+            return self.fit_round(batch)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
+            ckpt = self._latest_checkpoint()
+            raise RoundAbortedError(
+                f"rolloutpipe: a worker died during round {self.global_steps} ({type(e).__name__}); nothing of the "
+                f"round was published (the rollout still holds weights v{self.weights_version}). Last checkpoint: "
+                + (f"{ckpt}; rerun the same command (trainer.resume_mode=auto) to restart round "
+                   f"{int(ckpt.rsplit('_', 1)[-1]) + 1} from it." if ckpt else
+                   "none (set trainer.save_freq to checkpoint at round boundaries); rerun to start over.")
+            ) from None
+
+    def _latest_checkpoint(self) -> str | None:
+        tracker = Path(self.config.trainer.default_local_dir) / "latest_checkpointed_iteration.txt"
+        if not tracker.exists():
+            return None
+        return str(Path(self.config.trainer.default_local_dir) / f"global_step_{tracker.read_text().strip()}")
+
+    # ---- checkpoints at round boundaries: verl's (actor, optimizer, scheduler, data position) + ours ----------
+    STATE_FILE = "rolloutpipe_state.json"
+
+    def _save_checkpoint(self) -> None:
+        """Called between rounds only: every group of the finished rounds is consumed and published, none is in
+        flight, so verl's checkpoint (weights, optimizer, data position) plus the round counter is the whole
+        state; resuming starts at the next round's groups -- none lost, none trained twice."""
+        super()._save_checkpoint()
+        folder = Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}"
+        state = {"rounds_completed": self.global_steps, "weights_version": self.weights_version,
+                 "groups_trained_total": self.groups_trained_total, "round_rewards": self.round_rewards,
+                 "val_scores": self.val_scores}
+        tmp = folder / (self.STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, folder / self.STATE_FILE)
+
+    def _load_checkpoint(self):  # noqa: ANN202
+        out = super()._load_checkpoint()
+        if self.global_steps:
+            state_file = Path(self._latest_checkpoint() or "") / self.STATE_FILE
+            if state_file.exists():
+                state = json.loads(state_file.read_text())
+                if state["rounds_completed"] != self.global_steps:
+                    raise PipelineInvariantError(f"{state_file}: rounds_completed={state['rounds_completed']} but "
+                                                 f"verl resumed at global step {self.global_steps}")
+                self.groups_trained_total = state["groups_trained_total"]
+                self.round_rewards = list(state["round_rewards"])
+                self.val_scores = [tuple(v) for v in state["val_scores"]]
+            tqdm.write(f"[rolloutpipe] resumed after round {self.global_steps} ({self.groups_trained_total} groups "
+                       f"trained so far): the next round is {self.global_steps + 1}")
+        return out
+
     def fit_round(self, batch: DataProto) -> dict[str, float]:
         """One round: stream R groups through the pipeline, publish weights v+1, return the round's metrics."""
         p = self.pipe
@@ -114,7 +172,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
         prompts.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
         batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
 
-        ledger = GroupLedger(version, p.num_groups, p.group_size, clock=self.clock)
+        ledger = GroupLedger(version, p.num_groups, p.group_size, clock=self.clock,
+                             max_buffered_groups=p.max_buffered_groups)
         fifo = CompleteGroupFIFO(ledger, dispatch_mode_of(p.mode), p.step_groups)
         admission = make_admission(p.mode, p.frontier_width, p.fgd_strength)  # type: ignore[arg-type]
         timeline = RoundTimeline(ledger)
@@ -127,9 +186,13 @@ class RolloutPipeTrainer(RayPPOTrainer):
         stream = GroupRolloutStream(self.async_rollout_manager.agent_loop_workers, p.group_size)
         meta = {"global_steps": self.global_steps}
 
+        base_seed = self.config.rolloutpipe.get("sampling_seed")
+
         def admit() -> None:  # called with the lock held
             for a in admission.admit(ledger):
-                stream.submit(a.group_id, prompts[a.group_id : a.group_id + 1], a.priority, meta)
+                seed = None if base_seed is None else request_seed(int(base_seed), self.global_steps, a.group_id,
+                                                                   p.group_size)
+                stream.submit(a.group_id, prompts[a.group_id : a.group_id + 1], a.priority, meta, seed)
 
         def rollout_side() -> None:
             try:
@@ -139,6 +202,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
                     with lock:
                         if ledger.rollout_closed:
                             return
+                        admit()  # groups the buffer bound held back, once the trainer has consumed some
                     for gid, out in stream.poll(timeout_s=0.05):
                         with lock:
                             ledger.complete_serving(gid)
@@ -170,7 +234,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
                     lock.wait(timeout=0.5)
                 if d is None:
                     break
-                rows = DataProto.concat([trainable.pop(g) for g in d.group_ids]) if d.group_ids else None
+                # a step's groups in submission order: the same numbers whatever order they finished in
+                rows = DataProto.concat([trainable.pop(g) for g in sorted(d.group_ids)]) if d.group_ids else None
                 bar.set_postfix(materialized=len(ledger.materialization_order), in_engine=stream.inflight)
             if rows is None:
                 continue
@@ -191,6 +256,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         self.checkpoint_manager.update_weights(self.global_steps)
         timeline.published(t0, self.clock.now())
         self.weights_version += 1
+        self.groups_trained_total += sum(len(rows) for rows in trained) // p.group_size
         self.last_round = (trained, step_outputs)
         return self._round_metrics(timeline, trained, step_outputs)
 
@@ -209,7 +275,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
         """Rewards, response mask, GRPO advantages (verl's code on this group alone), π_old if from the rollout."""
         rows = prompt_row.repeat(repeat_times=self.pipe.group_size, interleave=True)
         out.non_tensor_batch.pop("uid", None)  # the reward loop may drop or rewrite it: the prompt's uid wins
-        out.non_tensor_batch.pop("priority", None)
+        for key in REQUEST_COLUMNS:
+            out.non_tensor_batch.pop(key, None)
         out.meta_info.pop("metrics", None)  # the agent loop's per-sample timings; not part of the training batch
         rows = rows.union(out)
         if "response_mask" not in rows.batch.keys():
@@ -266,6 +333,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
             b.meta_info.pop("global_token_num", None)  # per-step values; the round's batch needs none
         batch = DataProto.concat(trained)
         metrics.update(compute_data_metrics(batch=batch, use_critic=False))
+        # responses with no token at all (the engine returned nothing): counted, trained as verl would (reward of "")
+        metrics[PREFIX + "empty_responses"] = float((batch.batch["response_mask"].sum(-1) == 0).sum())
         if "reward_error" in batch.non_tensor_batch:
             metrics[PREFIX + "reward_errors"] = float(np.sum(batch.non_tensor_batch["reward_error"].astype(float)))
         if p.old_log_prob == "snapshot" and "rollout_log_probs" in batch.batch.keys():
@@ -295,6 +364,12 @@ class DisaggregatedRolloutPipeTrainer(RolloutPipeTrainer, OneStepOffRayTrainer):
     standalone vLLM replicas with their own pool, weights published through verl's ``CheckpointEngineManager``.
     Worker layout and start-up come from verl's ``OneStepOffRayTrainer`` (via ``SeparateRayPPOTrainer``); the
     training loop is RolloutPipe's (its synchronous ``fit`` replaces one-step-off's asynchronous one)."""
+
+
+def request_seed(base: int, round_index: int, group_id: int, group_size: int) -> int:
+    """First vLLM seed of a group's K requests: a function of (base, round, group) only, so the same round
+    regenerates the same samples in a resumed run, whatever the admission order."""
+    return (base * 1_000_003 + round_index * 65_537 + group_id * group_size) % (2**31 - group_size)
 
 
 def _merge(dicts: list[dict]) -> dict[str, list]:
