@@ -37,32 +37,36 @@ class RolloutPipeTaskRunner:
         runner.run(config)
 
     def run_disaggregated(self, config) -> None:  # noqa: ANN001
-        """verl's separation layout, as ``verl.experimental.one_step_off_policy.main_ppo`` builds it, with
-        RolloutPipe's trainer and actor worker."""
-        from omegaconf import OmegaConf
-        from verl.experimental.separation.utils import create_resource_pool_manager, create_role_worker_mapping
-        from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
-        from verl.utils import hf_processor, hf_tokenizer
-        from verl.utils.dataset.rl_dataset import collate_fn
-
-        from rolloutpipe_workers.streaming_actor import StreamingDetachActorWorker
-
-        from .trainer import DisaggregatedRolloutPipeTrainer
-
-        OmegaConf.resolve(config)
-        mapping, wg_cls = create_role_worker_mapping(config)
-        for role in list(mapping):
-            if role.name == "Actor":
-                mapping[role] = ray.remote(StreamingDetachActorWorker)
-        path = config.actor_rollout_ref.model.path
-        tokenizer, processor = hf_tokenizer(path), hf_processor(path, use_fast=True)
-        train = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor)
-        val = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor)
-        trainer = DisaggregatedRolloutPipeTrainer(
-            config=config, tokenizer=tokenizer, processor=processor, role_worker_mapping=mapping,
-            resource_pool_manager=create_resource_pool_manager(config, mapping.keys()), ray_worker_group_cls=wg_cls,
-            train_dataset=train, val_dataset=val, collate_fn=collate_fn,
-            train_sampler=create_rl_sampler(config.data, train), device_name=config.trainer.device,
-        )
+        trainer = build_disaggregated_trainer(config)
         trainer.init_workers()
         trainer.fit()
+
+
+def build_disaggregated_trainer(config):  # noqa: ANN001, ANN201
+    """verl's separation layout, as ``verl.experimental.one_step_off_policy.main_ppo`` builds it, with RolloutPipe's
+    trainer and actor worker (workers not started yet: call ``init_workers``)."""
+    from omegaconf import OmegaConf
+    from verl.experimental.separation.utils import create_resource_pool_manager, create_role_worker_mapping
+    from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
+    from verl.utils import hf_processor, hf_tokenizer
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from rolloutpipe_workers.streaming_actor import StreamingDetachActorWorker
+
+    from .trainer import DisaggregatedRolloutPipeTrainer
+
+    OmegaConf.resolve(config)
+    mapping, wg_cls = create_role_worker_mapping(config)
+    for role in list(mapping):
+        if role.name == "Actor":
+            mapping[role] = ray.remote(StreamingDetachActorWorker)
+    path = config.actor_rollout_ref.model.path
+    tokenizer, processor = hf_tokenizer(path), hf_processor(path, use_fast=True)
+    train = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor)
+    val = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor)
+    return DisaggregatedRolloutPipeTrainer(
+        config=config, tokenizer=tokenizer, processor=processor, role_worker_mapping=mapping,
+        resource_pool_manager=create_resource_pool_manager(config, mapping.keys()), ray_worker_group_cls=wg_cls,
+        train_dataset=train, val_dataset=val, collate_fn=collate_fn,
+        train_sampler=create_rl_sampler(config.data, train), device_name=config.trainer.device,
+    )

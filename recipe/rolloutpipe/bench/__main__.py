@@ -1,0 +1,83 @@
+"""``python -m recipe.rolloutpipe.bench [--quick] [--json OUT] [key=value ...]``: sync vs CGP vs CGP+FGD side by
+side on the real stack (disaggregated layout, rollout pool and trainer pool pinned to separate cores).
+
+Writes docs/results/bench.json (records), bench.md (table), bench_bars.png, timelines_<workload>_R<R>.png and the
+per-round timelines; ``--json OUT`` also writes the records to OUT. Trailing ``key=value`` override
+config/rolloutpipe.yaml merged with config/rolloutpipe_bench.yaml (e.g. ``rolloutpipe.bench.sizes=[16]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf, open_dict
+
+from ..main import CONFIG_DIR, apply_layout, prepare_runtime
+from .pinning import pool_env
+from .report import write_all
+
+
+def load_config(quick: bool, overrides: list[str]):  # noqa: ANN201
+    """config/rolloutpipe.yaml, then config/rolloutpipe_bench.yaml, then --quick, then ``key=value`` overrides."""
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="rolloutpipe")
+    with open_dict(cfg):
+        cfg = OmegaConf.merge(cfg, OmegaConf.load(Path(CONFIG_DIR) / "rolloutpipe_bench.yaml"))
+        if quick:
+            cfg = OmegaConf.merge(cfg, {"rolloutpipe": {"bench": cfg.rolloutpipe.bench.quick}})
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+        cfg.rolloutpipe.bench.out_dir = str(Path(cfg.rolloutpipe.bench.out_dir).resolve())
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m recipe.rolloutpipe.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="one workload, one R (under 10 minutes on 2 cores)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the summary records here")
+    ap.add_argument("overrides", nargs="*", help="key=value overrides (verl / rolloutpipe keys)")
+    args = ap.parse_args(argv)
+
+    cfg = load_config(args.quick, args.overrides)
+    apply_layout(cfg)
+    from ..config_check import RolloutPipeConfigError, validate
+
+    try:
+        validate(cfg)
+    except RolloutPipeConfigError as e:
+        raise SystemExit(str(e)) from None
+    bench = cfg.rolloutpipe.bench
+    cores = os.sched_getaffinity(0)
+    wanted = set(bench.rollout_cpus) | set(bench.trainer_cpus)
+    if not wanted <= cores or set(bench.rollout_cpus) & set(bench.trainer_cpus):
+        raise SystemExit(f"rolloutpipe bench: rolloutpipe.bench.rollout_cpus={list(bench.rollout_cpus)} and "
+                         f"trainer_cpus={list(bench.trainer_cpus)} must be disjoint cores of this machine "
+                         f"{sorted(cores)}")
+    prepare_runtime(cfg, worker_env=pool_env(list(bench.rollout_cpus), list(bench.trainer_cpus)))
+    import ray
+
+    from .runner import BenchTaskRunner
+
+    t0 = time.monotonic()
+    raw = ray.get(BenchTaskRunner.options(num_cpus=1).remote().run.remote(cfg))
+    raw["settings"] = {
+        "K": int(cfg.actor_rollout_ref.rollout.n), "U": int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size),
+        "F_w": int(cfg.rolloutpipe.frontier_width), "max_response_length": int(cfg.data.max_response_length),
+        "rollout_cpus": list(bench.rollout_cpus), "trainer_cpus": list(bench.trainer_cpus),
+        "warmup_rounds": int(bench.warmup_rounds), "rounds": int(bench.rounds), "quick": args.quick,
+        "seed": int(bench.seed),
+        "profiles": OmegaConf.to_container(bench.profiles), "machine": f"{platform.machine()} {len(cores)} cores",
+        "wall_s": time.monotonic() - t0,
+    }
+    summary = write_all(raw, Path(bench.out_dir), args.json)
+    print((Path(bench.out_dir) / "bench.md").read_text())
+    print(f"[rolloutpipe bench] {len(summary['records'])} records in {raw['settings']['wall_s']:.0f} s -> "
+          f"{bench.out_dir}/bench.json" + (f", {args.json}" if args.json else ""))
+
+
+if __name__ == "__main__":
+    main()

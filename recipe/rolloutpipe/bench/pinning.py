@@ -1,0 +1,88 @@
+"""Emulated disaggregation on one CPU box (DESIGN.md §5): the rollout pool on some cores, the trainer pool on others.
+
+Processes are found by the titles Ray and vLLM give them and pinned thread by thread (``sched_setaffinity`` on
+every task of the process: threads created later inherit it). Compute thread counts are set through the
+environment before the workers start (``pool_env``): vLLM binds its OpenMP threads with its own
+``VLLM_CPU_OMP_THREADS_BIND``; torch in the trainer uses ``OMP_NUM_THREADS``. Orchestration (the driver, verl's
+task runner that runs the pipeline loop, Ray's daemons) is left unpinned, as a GPU cluster's host CPUs would be.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# process title prefixes -> pool
+ROLLOUT_TITLES = ("VLLM::", "ray::vLLMHttpServer", "ray::AgentLoopWorker", "ray::GlobalRequestLoadBalancer",
+                  "ray::RewardLoopWorker", "ray::CheckpointEngineWorker")
+TRAINER_TITLES = ("ray::WorkerDict", "ray::DetachActorWorker", "ray::StreamingDetachActorWorker")
+
+
+def pool_env(rollout_cpus: list[int], trainer_cpus: list[int]) -> dict[str, str]:
+    """Environment for every Ray worker: thread counts that match the pinned cores."""
+    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, rollout_cpus)),
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+            "OMP_NUM_THREADS": str(len(trainer_cpus))}
+
+
+def _title(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _pin_all_threads(pid: int, cpus: set[int]) -> int:
+    n = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+            n += 1
+        except OSError:  # the thread exited meanwhile
+            pass
+    return n
+
+
+def _pool_of(title: str) -> str | None:
+    return ("rollout" if title.startswith(ROLLOUT_TITLES) else
+            "trainer" if title.startswith(TRAINER_TITLES) else None)
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds used so far by every live process, keyed ``pool:title`` (pool: rollout, trainer or other).
+    Differences between two calls show where a setting's CPU time went."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        title = _title(int(proc.name)).split(" ")[0] or stat[stat.index("(") + 1: stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        key = f"{_pool_of(title) or 'other'}:{title.split('.')[0]}"
+        out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def pin_pools(rollout_cpus: list[int], trainer_cpus: list[int]) -> dict[str, list[str]]:
+    """Pin every rollout-pool and trainer-pool process of this machine; returns ``{pool: [title (pid)]}``."""
+    pinned: dict[str, list[str]] = {"rollout": [], "trainer": []}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        pid, title = int(proc.name), _title(int(proc.name))
+        pool = _pool_of(title)
+        if pool is None:
+            continue
+        cpus = set(rollout_cpus if pool == "rollout" else trainer_cpus)
+        try:
+            _pin_all_threads(pid, cpus)
+        except OSError:
+            continue
+        pinned[pool].append(f"{title.split()[0]} ({pid})")
+    if not pinned["rollout"] or not pinned["trainer"]:
+        raise RuntimeError(f"rolloutpipe bench: could not find both pools to pin: {pinned}")
+    return pinned

@@ -1,0 +1,100 @@
+"""The benchmark: workload generator, summary arithmetic, and one tiny real-stack run (prescribed lengths reach
+vLLM through verl's agent loop; every mode runs from the same start state)."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from recipe.rolloutpipe.bench.agent_loop import parse_lengths
+from recipe.rolloutpipe.bench.report import markdown, summarize
+from recipe.rolloutpipe.bench.workloads import LengthProfile, describe, round_lengths
+
+ROOT = Path(__file__).resolve().parents[1]
+LONGTAIL = LengthProfile.from_mapping("t", {"alpha": 1.2, "beta": 2.5, "min_frac": 0.1, "gamma": 1.0,
+                                            "sigma_within": 0.45, "cap_prob": 0.3})
+
+
+def test_lengths_are_bounded_deterministic_and_long_tailed():
+    a = round_lengths(LONGTAIL, seed=3, num_groups=200, k=8, cap=192)
+    assert a == round_lengths(LONGTAIL, seed=3, num_groups=200, k=8, cap=192)
+    assert a != round_lengths(LONGTAIL, seed=4, num_groups=200, k=8, cap=192)
+    flat = [x for g in a for x in g]
+    assert all(2 <= x <= 192 for x in flat) and all(len(g) == 8 for g in a)
+    d = describe(a, 192)
+    assert 0.03 < d["at_cap_share"] < 0.4  # a tail at the cap, not everything
+    assert d["p50_tokens"] < d["p90_tokens"] <= 192
+
+
+def test_lengths_are_correlated_within_a_group():
+    groups = round_lengths(LONGTAIL, seed=0, num_groups=300, k=8, cap=192)
+    mean = [sum(g) / len(g) for g in groups]
+    grand = sum(mean) / len(mean)
+    between = sum((m - grand) ** 2 for m in mean) / len(mean)
+    within = sum(sum((x - m) ** 2 for x in g) / len(g) for g, m in zip(groups, mean, strict=True)) / len(groups)
+    assert between > 0.5 * within  # the shared difficulty dominates; iid lengths give between ≈ within / K
+    shuffled = [x for g in groups for x in g]
+    random.Random(0).shuffle(shuffled)
+    iid = [shuffled[i: i + 8] for i in range(0, len(shuffled), 8)]
+    iid_mean = [sum(g) / 8 for g in iid]
+    assert between > 3 * sum((m - grand) ** 2 for m in iid_mean) / len(iid_mean)
+
+
+def test_profile_config_errors_name_the_keys():
+    with pytest.raises(ValueError, match=r"'w'.*unknown keys \['alpha_'\].*missing \['alpha'\]"):
+        LengthProfile.from_mapping("w", {"alpha_": 1, "beta": 1, "min_frac": 0.1, "gamma": 1, "sigma_within": 0.1,
+                                         "cap_prob": 0.1})
+    assert parse_lengths("3,17,192") == [3, 17, 192]
+
+
+def _round(end: float, wait: float, first: float, busy: float, rollout: float) -> dict:
+    m = {"rollout_to_train_end_s": end, "trainer_wait_ratio": wait, "first_dispatch_s": first,
+         "trainer_busy_s": busy, "rollout_s": rollout, "overlap_efficiency": 0.5}
+    return {"warmup": False, "wall_s": end + 0.1, "timeline": "/nonexistent", "workload_shape": {},
+            "lengths_honoured": 1.0, "metrics": {"rolloutpipe/" + k: v for k, v in m.items()}}
+
+
+def test_summary_compares_each_mode_with_sync_of_the_same_setting():
+    warm = {**_round(99, 0.9, 9, 1, 1), "warmup": True}
+    raw = {"results": [
+        {"workload": "w", "R": 8, "mode": "sync", "rounds": [warm, _round(10, 0.5, 4, 5, 4), _round(12, 0.5, 5, 5, 6),
+                                                              _round(11, 0.5, 6, 5, 5)]},
+        {"workload": "w", "R": 8, "mode": "cgp", "rounds": [_round(6, 0.2, 1, 5, 5), _round(8, 0.3, 2, 5, 5),
+                                                             _round(7, 0.1, 3, 5, 5)]},
+    ]}
+    recs = {r["mode"]: r for r in summarize(raw)["records"]}
+    assert recs["sync"]["rollout_to_train_end_s"] == 11 and recs["sync"]["rounds"] == 3  # warm-up left out
+    assert recs["cgp"]["reduction_vs_sync"] == pytest.approx(1 - 7 / 11)
+    assert recs["cgp"]["wait_ratio_reduction_vs_sync"] == pytest.approx(1 - 0.2 / 0.5)
+    assert recs["cgp"]["first_dispatch_spread_s"] == pytest.approx(2)
+    assert recs["cgp"]["rollout_train_ratio_sync"] == pytest.approx(5 / 5)
+    assert recs["sync"]["no_work_s"] == pytest.approx(11 - 5 - 5)  # median of (1, 1, 1)
+    assert "| w | 8 |" in markdown(summarize(raw))
+
+
+def test_bench_runs_all_modes_on_the_real_stack(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "recipe.rolloutpipe.bench", "--json", str(tmp_path / "records.json"),
+         f"rolloutpipe.bench.out_dir={tmp_path}/results", "rolloutpipe.bench.workloads=[sci-longtail]",
+         "rolloutpipe.bench.sizes=[4]", "rolloutpipe.bench.modes=[sync,cgp,cgp_fgd:priority]",
+         "rolloutpipe.bench.rounds=1", "rolloutpipe.bench.warmup_rounds=0", "data.max_response_length=24",
+         f"trainer.default_local_dir={tmp_path}/ckpt"],
+        capture_output=True, text=True, timeout=900, cwd=ROOT)
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-6000:]
+    records = json.loads((tmp_path / "records.json").read_text())["records"]
+    assert [r["mode"] for r in records] == ["sync", "cgp", "cgp_fgd:priority"]
+    for r in records:
+        assert r["lengths_honoured"] == 1.0  # every response has exactly the workload's length (max_tokens+ignore_eos)
+        assert r["rollout_to_train_end_s"] > 0 and "reduction_vs_sync" in r and r["rollout_train_ratio_sync"] > 0
+        assert r["cpu_s_per_round"]["rollout"] > 0 and r["cpu_s_per_round"]["trainer"] > 0  # both pools pinned+busy
+    raw = json.loads((tmp_path / "results" / "bench_raw.json").read_text())
+    assert {p.split(" ")[0] for p in raw["pinned"]["trainer"]} == {"ray::WorkerDict"}
+    assert any(p.startswith("VLLM::Worker") for p in raw["pinned"]["rollout"])
+    for name in ("bench.md", "bench_bars.png", "timelines_sci-longtail_R4.png"):
+        assert (tmp_path / "results" / name).stat().st_size > 0
