@@ -114,12 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the --paper records (or --from-run predictions) here")
     ap.add_argument("--what-if", type=Path, metavar="DIR", help="run the what-if sweeps, PNGs into DIR")
     ap.add_argument("--from-run", type=Path, metavar="PATH", help="a round timeline JSON from a real run")
+    ap.add_argument("--from-bench", type=Path, metavar="RAW",
+                    help="bench_raw.json of python -m recipe.rolloutpipe.bench: calibrate on each setting's sync "
+                         "rounds, predict every mode, print the errors")
     ap.add_argument("--mode", default="cgp_fgd", help="the mode PATH was measured in (--from-run)")
     ap.add_argument("--workload", default="LSAT-AR", choices=sorted(WORKLOAD_SHAPES),
                     help="length profile for --from-run when the run's lengths are not in the timeline")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    if not (args.paper or args.what_if or args.from_run):
+    if not (args.paper or args.what_if or args.from_run or args.from_bench):
         ap.print_help()
         return 2
     if args.paper:
@@ -130,6 +133,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.what_if:
         what_if(args.what_if)
         print(f"what-if plots in {args.what_if}")
+    if args.from_bench:
+        from .from_bench import validate_against_bench
+
+        records = validate_against_bench(json.loads(args.from_bench.read_text()))
+        for r in records:
+            print(f"{r['workload']:16} R={r['R']:<3} {r['mode']:18} measured {r['measured_s']:6.2f}s  "
+                  f"predicted {r['predicted_s']:6.2f}s  error {r['error']:+.1%}")
+        pipelined = [abs(r["error"]) for r in records if r["mode"] != "sync"]
+        if pipelined:
+            print(f"pipelined modes: median |error| {sorted(pipelined)[len(pipelined) // 2]:.1%}, "
+                  f"max {max(pipelined):.1%}, within 15%: {sum(e <= 0.15 for e in pipelined)}/{len(pipelined)}")
+        if args.json:
+            args.json.write_text(json.dumps(records, indent=1))
     if args.from_run:
         data = json.loads(args.from_run.read_text())
         tl = RoundTimeline.from_dict(data)

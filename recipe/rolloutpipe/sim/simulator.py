@@ -64,6 +64,9 @@ class EngineModel:
     step_per_seq_s: float = 0.00008
     prefill_per_token_s: float = 2e-6
     fcfs_shuffle: bool = True
+    # extra step time while the trainer is busy (0 for separate GPU pools; on the 2-core CPU emulation the
+    # unpinned orchestration processes take their CPU from the busy cores, ~0.3-0.6 measured)
+    contended_slowdown: float = 0.0
 
     def step_s(self, batch: int) -> float:
         return self.step_base_s + self.step_per_seq_s * batch
@@ -81,6 +84,7 @@ class TrainerModel:
     whole_step: bool = False
     reward_s: float = 0.05  # reward + advantage, per group, on the rollout side
     publish_s: float = 5.0
+    contended_slowdown: float = 0.0  # extra step time when the engine is decoding (see EngineModel)
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,10 @@ class _Engine:
         self.step = 0  # decode steps done
         self.kv_base = 0  # sum over running of (prompt - start): kv in use = kv_base + step * len(running)
         self.pending_prefill_s = 0.0
+        self.slow = 1.0  # 1 + contended_slowdown while the trainer is busy
+
+    def step_s(self) -> float:
+        return self.m.step_s(len(self.running)) * self.slow
 
     def admit(self) -> None:
         while self.waiting and len(self.running) < self.m.max_running:
@@ -129,13 +137,13 @@ class _Engine:
     def next_finish(self) -> tuple[float, int]:
         """When the next sequence completes if nothing else happens, and the decode steps until then."""
         n = self.running[0].finish_step - self.step
-        return self.t + self.pending_prefill_s + n * self.m.step_s(len(self.running)), n
+        return self.t + self.pending_prefill_s + n * self.step_s(), n
 
     def sync_to(self, now: float) -> None:
         """Bring the state to ``now`` (before any completion) so requests arriving now start at the right step."""
         if self.running:
             dt = now - self.t - self.pending_prefill_s
-            n = int(max(0.0, dt) / self.m.step_s(len(self.running)))
+            n = int(max(0.0, dt) / self.step_s())
             self.step += min(n, self.running[0].finish_step - self.step - 1)
             self.pending_prefill_s = 0.0
         self.t = now
@@ -193,16 +201,30 @@ def simulate_round(
             t, n = eng.next_finish()
             push(t, "engine", (engine_epoch, n))
 
+    def set_contention(trainer_busy: bool) -> None:
+        slow = 1.0 + engine.contended_slowdown * trainer_busy
+        if slow == eng.slow:
+            return
+        if eng.running:
+            eng.sync_to(clock.now())
+            eng.slow = slow
+            schedule_engine()
+        eng.slow = slow
+
     def try_train() -> None:
         nonlocal trainer_busy_until
         if trainer_busy_until > clock.now():
             return
         d = fifo.take(whole_step=trainer.whole_step)
         if d is None:
+            set_contention(False)
             return
+        set_contention(True)
         work = trainer.call_overhead_s + (trainer.step_overhead_s if d.ends_step else 0.0)
         for gid in d.group_ids:
             work += (trainer.per_token_s * sum(lengths[gid]) if trainer.per_token_s else trainer.per_group_s)
+        if eng.running or eng.waiting:
+            work *= 1.0 + trainer.contended_slowdown
         trainer_busy_until = clock.now() + work
         push(trainer_busy_until, "trained", (clock.now(), d))
 

@@ -1,0 +1,126 @@
+"""The simulator against the real benchmark (issue 6's check): calibrate on a setting's measured sync rounds,
+predict every mode of that setting, compare with what the bench measured for it.
+
+The bench's response lengths are known exactly (the workload generator is deterministic), so the simulator gets
+the same lengths, round by round. Calibrated per setting from the sync rounds alone:
+- trainer: seconds per response token (busy time / tokens) and the measured publish time;
+- engine: one time scale on a CPU-shaped step cost (``STEP_SHAPE``), bisected so the simulated sync rollout lasts
+  as long as the measured one;
+- and from the plain-CGP rounds, two more numbers: how much slower the engine decodes while the trainer is busy and
+  vice versa (on two cores the unpinned orchestration takes its CPU from the busy pools; on GPU pools ≈ 0).
+Round times of every mode, and everything about the FGD modes, are predictions.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..bench.workloads import LengthProfile, round_lengths
+from .simulator import EngineModel, RoundSpec, TrainerModel, simulate_round
+
+# vLLM CPU decode step of the embedded model, shape only (measured on the bench: ~4.7 ms/step at 16 running
+# sequences, ~12 ms at 128); the scale is calibrated per setting
+STEP_SHAPE = EngineModel(max_running=256, kv_tokens=10**7, step_base_s=0.0036, step_per_seq_s=0.00007,
+                         prefill_per_token_s=1e-6, fcfs_shuffle=False)
+
+
+@dataclass(frozen=True)
+class FixedLengths:
+    """A workload whose lengths are given (duck-types ``simulator.Workload``)."""
+
+    rows: tuple[tuple[int, ...], ...]
+    prompt_tokens: int = 30
+    name: str = "bench"
+
+    def lengths(self, num_groups: int, k: int, rng: random.Random) -> list[list[int]]:
+        return [list(r) for r in self.rows[:num_groups]]
+
+
+def _spec(mode: str, num_groups: int, settings: dict) -> RoundSpec:
+    base, _, width = mode.partition("/")
+    pipe_mode, _, strength = base.partition(":")
+    return RoundSpec(num_groups, group_size=settings["K"], step_groups=settings["U"], mode=pipe_mode,
+                     frontier_width=int(width) if width else settings["F_w"], fgd_strength=strength or "hold")
+
+
+def calibrate(metrics: dict[str, float], work: FixedLengths, spec: RoundSpec) -> tuple[EngineModel, TrainerModel]:
+    tokens = sum(sum(r) for r in work.rows)
+    trainer = TrainerModel(per_group_s=0.0, per_token_s=metrics["rolloutpipe/trainer_busy_s"] / tokens,
+                           step_overhead_s=0.0, whole_step=True, reward_s=0.001,
+                           publish_s=metrics.get("rolloutpipe/publish_s", 0.0))
+    target = metrics["rolloutpipe/rollout_s"]
+    lo, hi = 1e-3, 1e3
+    for _ in range(50):
+        scale = (lo * hi) ** 0.5
+        eng = replace(STEP_SHAPE, step_base_s=STEP_SHAPE.step_base_s * scale,
+                      step_per_seq_s=STEP_SHAPE.step_per_seq_s * scale,
+                      prefill_per_token_s=STEP_SHAPE.prefill_per_token_s * scale)
+        got = simulate_round(spec, work, eng, trainer).metrics()["rolloutpipe/rollout_s"]
+        lo, hi = (scale, hi) if got < target else (lo, scale)
+    return eng, trainer
+
+
+def _bisect(f, target: float, lo: float = 0.0, hi: float = 4.0) -> float:  # noqa: ANN001
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def fit_contention(metrics: dict[str, float], work: FixedLengths, spec: RoundSpec, eng: EngineModel,
+                   trainer: TrainerModel) -> tuple[EngineModel, TrainerModel]:
+    """How much slower each side runs while the other is busy, bisected (alternately, 3 passes) on one pipelined
+    round's measured rollout time and trainer busy time."""
+    def run(e: EngineModel, t: TrainerModel) -> dict[str, float]:
+        return simulate_round(spec, work, e, t).metrics()
+
+    for _ in range(3):
+        e0, t0 = eng, trainer  # bound for the lambdas below
+        eng = replace(e0, contended_slowdown=_bisect(
+            lambda c, e0=e0, t0=t0: run(replace(e0, contended_slowdown=c), t0)["rolloutpipe/rollout_s"],
+            metrics["rolloutpipe/rollout_s"]))
+        e1 = eng
+        trainer = replace(t0, contended_slowdown=_bisect(
+            lambda c, e1=e1, t0=t0: run(e1, replace(t0, contended_slowdown=c))["rolloutpipe/trainer_busy_s"],
+            metrics["rolloutpipe/trainer_busy_s"]))
+    return eng, trainer
+
+
+def validate_against_bench(raw: dict[str, Any], calibrate_mode: str = "sync",
+                           contention_mode: str | None = "cgp") -> list[dict[str, Any]]:
+    """One record per (workload, R, mode): measured vs predicted medians and the relative error. Calibrated on
+    ``calibrate_mode`` rounds (trainer, engine speed) and, if given, ``contention_mode`` rounds (the slowdown of
+    the engine while the trainer runs); every other number is a prediction."""
+    settings = raw["settings"]
+    cap = settings["max_response_length"]
+    by = {(s["workload"], s["R"], s["mode"]): s for s in raw["results"]}
+    out = []
+    for (workload, r, mode), s in by.items():
+        base = by.get((workload, r, calibrate_mode))
+        if base is None:
+            continue
+        profile = LengthProfile.from_mapping(workload, settings["profiles"][workload])
+        measured, predicted = [], []
+        contended = by.get((workload, r, contention_mode)) if contention_mode else None
+        cont_rounds = contended["rounds"] if contended else [None] * len(s["rounds"])
+        for cal_round, cont_round, rnd in zip(base["rounds"], cont_rounds, s["rounds"], strict=True):
+            if rnd["warmup"]:
+                continue
+            i = rnd["round"] - 1
+            work = FixedLengths(tuple(map(tuple, round_lengths(profile, settings.get("seed", 0) * 1000 + i, r,
+                                                               settings["K"], cap))))
+            eng, tr = calibrate(cal_round["metrics"], work, _spec(calibrate_mode, r, settings))
+            if cont_round is not None:
+                eng, tr = fit_contention(cont_round["metrics"], work, _spec(contention_mode, r, settings), eng, tr)
+            pm = simulate_round(_spec(mode, r, settings), work, eng, tr).metrics()
+            measured.append(rnd["metrics"]["rolloutpipe/rollout_to_train_end_s"])
+            predicted.append(pm["rolloutpipe/rollout_to_train_end_s"])
+        if not measured:
+            continue
+        m, p = statistics.median(measured), statistics.median(predicted)
+        out.append({"workload": workload, "R": r, "mode": mode, "measured_s": round(m, 3), "predicted_s": round(p, 3),
+                    "error": round(p / m - 1, 4)})
+    return out
