@@ -86,3 +86,27 @@ def test_killed_trainer_resumes_to_the_uninterrupted_result(tmp_path):
                 for k, w in _weights(tmp_path / "a" / "global_step_2").items())
     print(f"resume: max |w_a - w_b| = {diff}; weights moved {moved} in rounds 3-4")
     assert moved > 0 and diff <= 1e-6
+
+
+def test_killed_rollout_replica_stops_with_the_resume_message(tmp_path):
+    """The vLLM server process SIGKILLed mid-run: the round fails without publishing; one message names the last
+    checkpoint (re-routing to surviving replicas is not built: there is one replica here)."""
+    tracker = tmp_path / "c" / "latest_checkpointed_iteration.txt"
+    cmd = _cmd(tmp_path, "c") + ["trainer.save_freq=1", "rolloutpipe.stall_timeout_s=120"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    deadline = time.monotonic() + 600
+    while not (tracker.exists() and tracker.read_text().strip() == "1"):
+        assert proc.poll() is None and time.monotonic() < deadline, "run c ended before its round-1 checkpoint"
+        time.sleep(0.05)
+    victims = _pids("ray::vLLMHttpServer")
+    assert victims, "no vLLM server process found"
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    log = proc.communicate(timeout=600)[0]
+    assert proc.returncode != 0
+    died = re.search(r"rolloutpipe: a worker died during round (\d+) .*?Last checkpoint: (\S+); rerun the same "
+                     r"command \(trainer.resume_mode=auto\) to restart round (\d+) from it", log)
+    assert died, log[-4000:]
+    print(died.group(0))
+    assert died.group(2).endswith(f"global_step_{int(died.group(3)) - 1}")
+    assert (tmp_path / "c" / died.group(2).rsplit("/", 1)[-1] / "rolloutpipe_state.json").exists()

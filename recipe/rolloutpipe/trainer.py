@@ -110,15 +110,17 @@ class RolloutPipeTrainer(RayPPOTrainer):
                    f"{[round(sum(b) / len(b), 3) for b in blocks]}; validation {self.val_scores}")
 
     def _fit_round_or_abort(self, batch: DataProto) -> dict[str, float]:
-        """``fit_round``; a dead worker becomes one message naming the round and the checkpoint to resume from."""
-        import ray
-
+        """``fit_round``; a dead worker (trainer or rollout side) becomes one message naming the round and the
+        checkpoint to resume from."""
         try:
             return self.fit_round(batch)
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
+        except Exception as e:  # noqa: BLE001 - only a dead actor is translated; anything else is re-raised
+            dead = _dead_actor_error(e)
+            if dead is None:
+                raise
             ckpt = self._latest_checkpoint()
             raise RoundAbortedError(
-                f"rolloutpipe: a worker died during round {self.global_steps} ({type(e).__name__}); nothing of the "
+                f"rolloutpipe: a worker died during round {self.global_steps} ({type(dead).__name__}); nothing of the "
                 f"round was published (the rollout still holds weights v{self.weights_version}). Last checkpoint: "
                 + (f"{ckpt}; rerun the same command (trainer.resume_mode=auto) to restart round "
                    f"{int(ckpt.rsplit('_', 1)[-1]) + 1} from it." if ckpt else
@@ -364,6 +366,23 @@ class DisaggregatedRolloutPipeTrainer(RolloutPipeTrainer, OneStepOffRayTrainer):
     standalone vLLM replicas with their own pool, weights published through verl's ``CheckpointEngineManager``.
     Worker layout and start-up come from verl's ``OneStepOffRayTrainer`` (via ``SeparateRayPPOTrainer``); the
     training loop is RolloutPipe's (its synchronous ``fit`` replaces one-step-off's asynchronous one)."""
+
+
+def _dead_actor_error(e: BaseException) -> BaseException | None:
+    """The Ray "actor died" error behind ``e`` (directly, as a cause, or inside a failed remote task), if any."""
+    import ray
+
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [e]
+    while stack:
+        x = stack.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, ray.exceptions.RayActorError):
+            return x
+        stack += [x.__cause__, x.__context__, getattr(x, "cause", None)]
+    return None
 
 
 def request_seed(base: int, round_index: int, group_id: int, group_size: int) -> int:
