@@ -45,6 +45,30 @@ def _pids(title: str) -> list[int]:
     return pids
 
 
+DIED = re.compile(r"rolloutpipe: a worker died during round (\d+) .*?Last checkpoint: (\S+); rerun the same command "
+                  r"\(trainer.resume_mode=auto\) to restart round (\d+) from it")
+
+
+def _kill_after_checkpoint(cmd: list[str], ckpt_dir: Path, step: int, title: str) -> tuple[str, re.Match]:
+    """Start ``cmd``; SIGKILL every process titled ``title`` once checkpoint ``step`` is complete; the run must
+    stop with the worker-died message."""
+    tracker = ckpt_dir / "latest_checkpointed_iteration.txt"
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    deadline = time.monotonic() + 600
+    while not (tracker.exists() and tracker.read_text().strip() == str(step)):
+        assert proc.poll() is None and time.monotonic() < deadline, f"the run ended before checkpoint {step}"
+        time.sleep(0.05)
+    victims = _pids(title)
+    assert victims, f"no {title} process found"
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    log = proc.communicate(timeout=600)[0]
+    assert proc.returncode != 0
+    died = DIED.search(log)
+    assert died, log[-4000:]
+    return log, died
+
+
 def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
     [shard] = sorted((ckpt / "actor").glob("model_world_size_1_rank_0.pt"))
     state = torch.load(shard, map_location="cpu", weights_only=False)
@@ -56,22 +80,7 @@ def test_killed_trainer_resumes_to_the_uninterrupted_result(tmp_path):
     assert [int(r) for r in ROUND.findall(log_a)] == [1, 2, 3, 4]
 
     # run b: SIGKILL the trainer's FSDP worker as soon as the round-2 checkpoint is complete (round 3 is running)
-    tracker = tmp_path / "b" / "latest_checkpointed_iteration.txt"
-    proc = subprocess.Popen(_cmd(tmp_path, "b"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=ROOT)
-    deadline = time.monotonic() + 600
-    while not (tracker.exists() and tracker.read_text().strip() == "2"):
-        assert proc.poll() is None and time.monotonic() < deadline, "run b ended before its round-2 checkpoint"
-        time.sleep(0.05)
-    victims = _pids("ray::WorkerDict")
-    assert victims, "no trainer worker process found"
-    for pid in victims:
-        os.kill(pid, signal.SIGKILL)
-    log_b1 = proc.communicate(timeout=600)[0]
-    assert proc.returncode != 0
-    died = re.search(r"rolloutpipe: a worker died during round (\d+) .*?Last checkpoint: (\S+); rerun the same "
-                     r"command \(trainer.resume_mode=auto\) to restart round (\d+) from it", log_b1)
-    assert died, log_b1[-4000:]
+    log_b1, died = _kill_after_checkpoint(_cmd(tmp_path, "b"), tmp_path / "b", 2, "ray::WorkerDict")
     assert died.group(1) in ("3", "4") and died.group(2).endswith("global_step_2") and died.group(3) == "3"
     assert "Traceback" not in log_b1.split("rolloutpipe: a worker died")[-1]  # one message, not a stack
 
@@ -91,22 +100,8 @@ def test_killed_trainer_resumes_to_the_uninterrupted_result(tmp_path):
 def test_killed_rollout_replica_stops_with_the_resume_message(tmp_path):
     """The vLLM server process SIGKILLed mid-run: the round fails without publishing; one message names the last
     checkpoint (re-routing to surviving replicas is not built: there is one replica here)."""
-    tracker = tmp_path / "c" / "latest_checkpointed_iteration.txt"
     cmd = _cmd(tmp_path, "c") + ["trainer.save_freq=1", "rolloutpipe.stall_timeout_s=120"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    deadline = time.monotonic() + 600
-    while not (tracker.exists() and tracker.read_text().strip() == "1"):
-        assert proc.poll() is None and time.monotonic() < deadline, "run c ended before its round-1 checkpoint"
-        time.sleep(0.05)
-    victims = _pids("ray::vLLMHttpServer")
-    assert victims, "no vLLM server process found"
-    for pid in victims:
-        os.kill(pid, signal.SIGKILL)
-    log = proc.communicate(timeout=600)[0]
-    assert proc.returncode != 0
-    died = re.search(r"rolloutpipe: a worker died during round (\d+) .*?Last checkpoint: (\S+); rerun the same "
-                     r"command \(trainer.resume_mode=auto\) to restart round (\d+) from it", log)
-    assert died, log[-4000:]
+    _, died = _kill_after_checkpoint(cmd, tmp_path / "c", 1, "ray::vLLMHttpServer")
     print(died.group(0))
     assert died.group(2).endswith(f"global_step_{int(died.group(3)) - 1}")
     assert (tmp_path / "c" / died.group(2).rsplit("/", 1)[-1] / "rolloutpipe_state.json").exists()
