@@ -118,20 +118,22 @@ class RolloutPipeTrainer(RayPPOTrainer):
             dead = _dead_actor_error(e)
             if dead is None:
                 raise
-            ckpt = self._latest_checkpoint()
+            step = self._latest_checkpoint_step()
             raise RoundAbortedError(
                 f"rolloutpipe: a worker died during round {self.global_steps} ({type(dead).__name__}); nothing of the "
                 f"round was published (the rollout still holds weights v{self.weights_version}). Last checkpoint: "
-                + (f"{ckpt}; rerun the same command (trainer.resume_mode=auto) to restart round "
-                   f"{int(ckpt.rsplit('_', 1)[-1]) + 1} from it." if ckpt else
+                + (f"{self._checkpoint_dir(step)}; rerun the same command (trainer.resume_mode=auto) to restart round "
+                   f"{step + 1} from it." if step is not None else
                    "none (set trainer.save_freq to checkpoint at round boundaries); rerun to start over.")
             ) from None
 
-    def _latest_checkpoint(self) -> str | None:
+    def _checkpoint_dir(self, step: int) -> Path:
+        return Path(self.config.trainer.default_local_dir) / f"global_step_{step}"
+
+    def _latest_checkpoint_step(self) -> int | None:
+        """verl's tracker of the last complete checkpoint (written last by ``_save_checkpoint``)."""
         tracker = Path(self.config.trainer.default_local_dir) / "latest_checkpointed_iteration.txt"
-        if not tracker.exists():
-            return None
-        return str(Path(self.config.trainer.default_local_dir) / f"global_step_{tracker.read_text().strip()}")
+        return int(tracker.read_text().strip()) if tracker.exists() else None
 
     # ---- checkpoints at round boundaries: verl's (actor, optimizer, scheduler, data position) + ours ----------
     STATE_FILE = "rolloutpipe_state.json"
@@ -141,7 +143,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         flight, so verl's checkpoint (weights, optimizer, data position) plus the round counter is the whole
         state; resuming starts at the next round's groups -- none lost, none trained twice."""
         super()._save_checkpoint()
-        folder = Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}"
+        folder = self._checkpoint_dir(self.global_steps)
         state = {"rounds_completed": self.global_steps, "weights_version": self.weights_version,
                  "groups_trained_total": self.groups_trained_total, "round_rewards": self.round_rewards,
                  "val_scores": self.val_scores}
@@ -152,7 +154,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
     def _load_checkpoint(self):  # noqa: ANN202
         out = super()._load_checkpoint()
         if self.global_steps:
-            state_file = Path(self._latest_checkpoint() or "") / self.STATE_FILE
+            state_file = self._checkpoint_dir(self.global_steps) / self.STATE_FILE
             if state_file.exists():
                 state = json.loads(state_file.read_text())
                 if state["rounds_completed"] != self.global_steps:
@@ -236,8 +238,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
                     lock.wait(timeout=0.5)
                 if d is None:
                     break
-                # a step's groups in submission order: the same numbers whatever order they finished in
-                rows = DataProto.concat([trainable.pop(g) for g in sorted(d.group_ids)]) if d.group_ids else None
+                rows = DataProto.concat([trainable.pop(g) for g in d.training_order]) if d.group_ids else None
                 bar.set_postfix(materialized=len(ledger.materialization_order), in_engine=stream.inflight)
             if rows is None:
                 continue

@@ -15,6 +15,7 @@ import ray
 from tqdm import tqdm
 
 from .agent_loop import AGENT_NAME, LENGTHS_COLUMN
+from .modes import parse_mode_spec
 from .workloads import LengthProfile, describe, round_lengths
 
 START_STATE = "bench_start"
@@ -58,12 +59,10 @@ def run_setting(trainer, profile: LengthProfile, num_groups: int, mode: str, ben
     pinned = pin_pools(list(bench.rollout_cpus), list(bench.trainer_cpus))
     trainer.actor_rollout_wg.load_train_state(START_STATE)
     trainer.checkpoint_manager.update_weights(0)
-    # "cgp_fgd:priority" -> FGD through vLLM's priority scheduler; "cgp_fgd:hold/4" -> F_w = 4
-    spec, _, width = mode.partition("/")
-    pipe_mode, _, strength = spec.partition(":")
-    trainer.pipe = dataclasses.replace(trainer.pipe, mode=pipe_mode, num_groups=num_groups,
-                                       fgd_strength=strength or trainer.pipe.fgd_strength,
-                                       frontier_width=int(width) if width else trainer.pipe.frontier_width)
+    spec = parse_mode_spec(mode)
+    trainer.pipe = dataclasses.replace(trainer.pipe, mode=spec.mode, num_groups=num_groups,
+                                       fgd_strength=spec.fgd_strength or trainer.pipe.fgd_strength,
+                                       frontier_width=spec.frontier_width or trainer.pipe.frontier_width)
     setting_dir = f"{profile.name}_R{num_groups}/{mode.replace(':', '_').replace('/', '_w')}"
     trainer.timeline_dir = out_dir / "timelines" / setting_dir
     rounds = []
@@ -79,7 +78,7 @@ def run_setting(trainer, profile: LengthProfile, num_groups: int, mode: str, ben
                        "cpu_s": dict(sorted(cpu.items(), key=lambda kv: -kv[1])),
                        "workload_shape": describe(lengths, int(trainer.config.data.max_response_length)),
                        "lengths_honoured": lengths_honoured(trainer.last_round[0], batch, lengths),
-                       "timeline": str(trainer.timeline_dir / f"round{i + 1:04d}_{pipe_mode}.json"),
+                       "timeline": str(trainer.timeline_dir / f"round{i + 1:04d}_{spec.mode}.json"),
                        "metrics": {k: float(v) for k, v in metrics.items() if k.startswith("rolloutpipe/")}})
     return {"workload": profile.name, "R": num_groups, "mode": mode, "rounds": rounds, "pinned": pinned}
 

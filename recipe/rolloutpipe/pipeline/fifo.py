@@ -23,6 +23,12 @@ class Dispatch:
     ends_step: bool
     version: int
 
+    @property
+    def training_order(self) -> tuple[int, ...]:
+        """The order to train the dispatched groups in: submission order, so a step's numbers do not depend on
+        the order its groups finished in (the update is the same sum; only float summation order would differ)."""
+        return tuple(sorted(self.group_ids))
+
 
 def dispatch_mode_of(mode: str) -> DispatchMode:
     """The FIFO release rule of a RolloutPipe mode: ``sync`` waits for the whole round; every other mode is CGP."""

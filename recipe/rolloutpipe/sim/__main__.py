@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..pipeline import RoundTimeline
+from .calibrate import fit_engine_scale
 from .paper import ENGINE, PAPER_MODES, TRAINER, WORKLOAD_SHAPES, calibrated, paper_matrix
 from .simulator import EngineModel, RoundSpec, TrainerModel, Workload, simulate_round
 
@@ -97,14 +98,7 @@ def calibrate_from_run(timeline: RoundTimeline, workload: Workload, mode: str, s
     groups = sum(len(iv.group_ids) for iv in timeline.intervals)
     trainer = replace(TRAINER, per_group_s=m["rolloutpipe/trainer_busy_s"] / max(groups, 1), step_overhead_s=0.0,
                       publish_s=m.get("rolloutpipe/publish_s", 0.0))
-    target = m["rolloutpipe/rollout_s"]
-    lo, hi = 1e-4, 1e4
-    for _ in range(60):
-        scale = (lo * hi) ** 0.5
-        eng = replace(ENGINE, step_base_s=ENGINE.step_base_s * scale, step_per_seq_s=ENGINE.step_per_seq_s * scale,
-                      prefill_per_token_s=ENGINE.prefill_per_token_s * scale)
-        got = simulate_round(replace(spec, mode=mode), workload, eng, trainer).metrics()["rolloutpipe/rollout_s"]
-        lo, hi = (scale, hi) if got < target else (lo, scale)
+    eng = fit_engine_scale(replace(spec, mode=mode), workload, ENGINE, trainer, m["rolloutpipe/rollout_s"])
     return eng, trainer
 
 

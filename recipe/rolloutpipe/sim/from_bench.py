@@ -18,7 +18,9 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..bench.modes import parse_mode_spec
 from ..bench.workloads import LengthProfile, round_lengths
+from .calibrate import bisect_increasing, fit_engine_scale
 from .simulator import EngineModel, RoundSpec, TrainerModel, simulate_round
 
 # vLLM CPU decode step of the embedded model, shape only (measured on the bench: ~4.7 ms/step at 16 running
@@ -40,10 +42,9 @@ class FixedLengths:
 
 
 def _spec(mode: str, num_groups: int, settings: dict) -> RoundSpec:
-    base, _, width = mode.partition("/")
-    pipe_mode, _, strength = base.partition(":")
-    return RoundSpec(num_groups, group_size=settings["K"], step_groups=settings["U"], mode=pipe_mode,
-                     frontier_width=int(width) if width else settings["F_w"], fgd_strength=strength or "hold")
+    m = parse_mode_spec(mode)
+    return RoundSpec(num_groups, group_size=settings["K"], step_groups=settings["U"], mode=m.mode,
+                     frontier_width=m.frontier_width or settings["F_w"], fgd_strength=m.fgd_strength or "hold")
 
 
 def calibrate(metrics: dict[str, float], work: FixedLengths, spec: RoundSpec) -> tuple[EngineModel, TrainerModel]:
@@ -51,23 +52,7 @@ def calibrate(metrics: dict[str, float], work: FixedLengths, spec: RoundSpec) ->
     trainer = TrainerModel(per_group_s=0.0, per_token_s=metrics["rolloutpipe/trainer_busy_s"] / tokens,
                            step_overhead_s=0.0, whole_step=True, reward_s=0.001,
                            publish_s=metrics.get("rolloutpipe/publish_s", 0.0))
-    target = metrics["rolloutpipe/rollout_s"]
-    lo, hi = 1e-3, 1e3
-    for _ in range(50):
-        scale = (lo * hi) ** 0.5
-        eng = replace(STEP_SHAPE, step_base_s=STEP_SHAPE.step_base_s * scale,
-                      step_per_seq_s=STEP_SHAPE.step_per_seq_s * scale,
-                      prefill_per_token_s=STEP_SHAPE.prefill_per_token_s * scale)
-        got = simulate_round(spec, work, eng, trainer).metrics()["rolloutpipe/rollout_s"]
-        lo, hi = (scale, hi) if got < target else (lo, scale)
-    return eng, trainer
-
-
-def _bisect(f, target: float, lo: float = 0.0, hi: float = 4.0) -> float:  # noqa: ANN001
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
-    return (lo + hi) / 2
+    return fit_engine_scale(spec, work, STEP_SHAPE, trainer, metrics["rolloutpipe/rollout_s"]), trainer
 
 
 def fit_contention(metrics: dict[str, float], work: FixedLengths, spec: RoundSpec, eng: EngineModel,
@@ -79,13 +64,13 @@ def fit_contention(metrics: dict[str, float], work: FixedLengths, spec: RoundSpe
 
     for _ in range(3):
         e0, t0 = eng, trainer  # bound for the lambdas below
-        eng = replace(e0, contended_slowdown=_bisect(
+        eng = replace(e0, contended_slowdown=bisect_increasing(
             lambda c, e0=e0, t0=t0: run(replace(e0, contended_slowdown=c), t0)["rolloutpipe/rollout_s"],
-            metrics["rolloutpipe/rollout_s"]))
+            metrics["rolloutpipe/rollout_s"], 0.0, 4.0, iterations=40))
         e1 = eng
-        trainer = replace(t0, contended_slowdown=_bisect(
+        trainer = replace(t0, contended_slowdown=bisect_increasing(
             lambda c, e1=e1, t0=t0: run(e1, replace(t0, contended_slowdown=c))["rolloutpipe/trainer_busy_s"],
-            metrics["rolloutpipe/trainer_busy_s"]))
+            metrics["rolloutpipe/trainer_busy_s"], 0.0, 4.0, iterations=40))
     return eng, trainer
 
 
