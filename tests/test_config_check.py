@@ -40,6 +40,8 @@ def test_default_config_is_valid():
     (["rolloutpipe.stall_timeout_s=0"], "rolloutpipe.stall_timeout_s=0"),
     (["rolloutpipe.max_buffered_groups=3"], "rolloutpipe.max_buffered_groups=3 is below what mode=cgp_fgd must hold"),
     (["rolloutpipe.mode=sync", "rolloutpipe.max_buffered_groups=8"], "set it >= 16"),
+    (["rolloutpipe.rollout_replicas=0", "rolloutpipe.layout=disaggregated"], "rolloutpipe.rollout_replicas=0: use"),
+    (["rolloutpipe.rollout_replicas=2"], "needs rolloutpipe.layout=disaggregated"),
 ])
 def test_bad_config_names_key_and_fix(overrides, needle):
     with pytest.raises(RolloutPipeConfigError) as e:

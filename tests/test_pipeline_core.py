@@ -27,8 +27,9 @@ from recipe.rolloutpipe.pipeline import (
 
 
 def drive_round(data, R: int, K: int, U: int, mode: str, width: int, strength: str, extra: int, filter_p: float,
-                limit: int | None = None):
-    """Random completion order, random filtering, random trainer pulls; checks invariants after every event."""
+                limit: int | None = None, losses: int = 0):
+    """Random completion order, random filtering, random trainer pulls, up to ``losses`` groups lost with a dead
+    replica mid-generation and re-sent; checks invariants after every event."""
     clock = ManualClock()
     ledger = GroupLedger(version=3, num_groups=R, group_size=K, max_extra_groups=extra, clock=clock,
                          max_buffered_groups=limit)
@@ -56,9 +57,18 @@ def drive_round(data, R: int, K: int, U: int, mode: str, width: int, strength: s
             moves.append("finish")
         if fifo.has_work():
             moves.append("train")
+        if in_engine and losses:
+            moves.append("lose")
         if not moves:
             break
-        if data.draw(st.sampled_from(moves)) == "finish":
+        move = data.draw(st.sampled_from(moves))
+        if move == "lose":  # a replica dies with (some of) this group's requests: all K go again
+            gid = data.draw(st.sampled_from(sorted({g for g, _ in in_engine})))
+            in_engine = [r for r in in_engine if r[0] != gid]
+            ledger.resend(gid)
+            in_engine.extend([(gid, 0)] * K)
+            losses -= 1
+        elif move == "finish":
             i = data.draw(st.integers(0, len(in_engine) - 1))
             gid, _ = in_engine.pop(i)
             if ledger.finish_request(gid):
@@ -95,12 +105,13 @@ def drive_round(data, R: int, K: int, U: int, mode: str, width: int, strength: s
     extra=st.integers(0, 4),
     filter_p=st.sampled_from([0.0, 0.3, 0.7]),
     slack=st.sampled_from([None, 0, 1, 3]),
+    losses=st.integers(0, 3),
 )
-def test_every_group_consumed_exactly_once(data, R, K, U, mode, width, strength, extra, filter_p, slack):
+def test_every_group_consumed_exactly_once(data, R, K, U, mode, width, strength, extra, filter_p, slack, losses):
     # a buffer bound of U + slack groups (sync needs the whole round: R + extra)
     limit = None if slack is None else (R + extra if mode == "sync" else U + slack)
     ledger, fifo, consumed, steps, leftover = drive_round(data, R, K, U, mode, width, strength, extra, filter_p,
-                                                          limit)
+                                                          limit, losses)
     assert ledger.rollout_closed and fifo.exhausted
     fifo.check_drained()
     assert leftover == []  # the last dispatch always closes a step
@@ -169,6 +180,31 @@ def test_invariants_raise():
     ledger.consume(d.group_ids, trainer_version=5)
     with pytest.raises(PipelineInvariantError, match="never dispatched"):
         fifo.check_drained()
+
+
+def test_resend_only_while_generating():
+    clock = ManualClock()
+    ledger = GroupLedger(0, num_groups=2, group_size=2, clock=clock)
+    with pytest.raises(PipelineInvariantError, match="cannot be re-sent from submitted"):
+        ledger.resend(0)
+    FifoAdmission().admit(ledger)
+    assert not ledger.finish_request(0)  # one of K=2 responses, then its replica dies
+    clock.advance_to(1.0)
+    ledger.resend(0)
+    assert not ledger.finish_request(0)  # the count restarted: one more response does not complete the group
+    assert ledger.finish_request(0)
+    with pytest.raises(PipelineInvariantError, match="cannot be re-sent from serving_complete"):
+        ledger.resend(0)
+    ledger.materialize(0)
+    ledger.complete_serving(1)
+    ledger.materialize(1)
+    fifo = CompleteGroupFIFO(ledger, "cgp", step_groups=2)
+    d = fifo.take(whole_step=True)
+    timeline = RoundTimeline(ledger)
+    timeline.trainer_busy(2.0, 3.0, d.step_index, d.group_ids)
+    ledger.consume(d.group_ids, trainer_version=0)
+    assert ledger.groups_resent == 1 and ledger.group(0).times["resent_1"] == 1.0
+    assert timeline.metrics()[PREFIX + "groups_resent"] == 1.0
 
 
 def test_filter_replacement_and_short_round():

@@ -3,6 +3,7 @@ real stack. The kill is real (SIGKILL to the FSDP worker process), not simulated
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -98,10 +99,53 @@ def test_killed_trainer_resumes_to_the_uninterrupted_result(tmp_path):
 
 
 def test_killed_rollout_replica_stops_with_the_resume_message(tmp_path):
-    """The vLLM server process SIGKILLed mid-run: the round fails without publishing; one message names the last
-    checkpoint (re-routing to surviving replicas is not built: there is one replica here)."""
-    cmd = _cmd(tmp_path, "c") + ["trainer.save_freq=1", "rolloutpipe.stall_timeout_s=120"]
+    """The only vLLM server process SIGKILLed mid-run: no replica is left to re-send to, so the round fails without
+    publishing and one message names the last checkpoint."""
+    cmd = _cmd(tmp_path, "c") + ["trainer.save_freq=1", "rolloutpipe.stall_timeout_s=120",
+                                 "rolloutpipe.layout=disaggregated"]
     _, died = _kill_after_checkpoint(cmd, tmp_path / "c", 1, "ray::vLLMHttpServer")
     print(died.group(0))
+    assert "(all 1 rollout replicas died)" in died.group(0)
     assert died.group(2).endswith(f"global_step_{int(died.group(3)) - 1}")
     assert (tmp_path / "c" / died.group(2).rsplit("/", 1)[-1] / "rolloutpipe_state.json").exists()
+
+
+def test_killed_rollout_replica_fails_over_to_the_survivor(tmp_path):
+    """Two standalone replicas; one vLLM server process SIGKILLed mid-run: it leaves routing and publication, its
+    lost groups are re-sent to the survivor, every round completes with R groups trained once."""
+    rounds = 3
+    cmd = [sys.executable, "-m", "recipe.rolloutpipe.main", "rolloutpipe.layout=disaggregated",
+           "rolloutpipe.rollout_replicas=2", f"trainer.total_training_steps={rounds}", "trainer.save_freq=1",
+           "trainer.val_before_train=false", "trainer.test_freq=-1", "rolloutpipe.stall_timeout_s=120",
+           f"trainer.default_local_dir={tmp_path}/d", f"rolloutpipe.timeline_dir={tmp_path}/tl",
+           f"hydra.run.dir={tmp_path}/hydra"]
+    tracker = tmp_path / "d" / "latest_checkpointed_iteration.txt"
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    deadline = time.monotonic() + 600
+    while not (tracker.exists() and tracker.read_text().strip() == "1"):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before checkpoint 1"
+        time.sleep(0.05)
+    servers = _pids("ray::vLLMHttpServer")
+    assert len(servers) == 2, servers
+    os.kill(servers[0], signal.SIGKILL)
+    log = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, log[-6000:]
+
+    died = re.search(r"rollout replica\(s\) \[(.+?)\] died in round (\d+): .*?; 1 of 2 left", log)
+    assert died, log[-4000:]
+    assert int(died.group(2)) >= 2
+    resent = [int(g) for m in re.findall(r"groups \[([0-9, ]+)\] lost with a dead rollout replica", log)
+              for g in m.split(",")]
+    print(died.group(0), "; re-sent:", resent)
+    assert len(resent) == len(set(resent)) > 0  # the dead replica had requests in flight: they went again, once each
+    for i in range(1, rounds + 1):  # every round: R groups, each consumed exactly once, the re-sent ones included
+        tl = json.loads((tmp_path / "tl" / f"round{i:04d}_cgp_fgd.json").read_text())
+        assert sorted(g["order"] for g in tl["groups"]) == list(range(16))
+        assert all(g["state"] == "consumed" for g in tl["groups"])
+        assert sum(len(iv["group_ids"]) for iv in tl["intervals"] if iv["kind"] == "train") == 16
+        if i == int(died.group(2)):
+            assert sorted(g["order"] for g in tl["groups"] if g["resends"]) == sorted(resent)
+    assert f"{rounds * 16} groups trained" in log
+    # the survivor still receives every publish: its log-probs match the trainer's after the failure
+    lp = [float(x) for x in re.findall(r"lp_diff=([0-9.]+)", log)]
+    assert len(lp) == rounds and max(lp) < 0.05, lp

@@ -67,6 +67,12 @@ def validate(cfg: DictConfig) -> PipeSettings:
             errors.append(f"rolloutpipe.max_buffered_groups={bound} is below what mode={mode} must hold at once "
                           f"({need}: " + ("the sync baseline trains only after the whole round" if mode == "sync"
                                          else "an optimizer step takes U whole groups") + f"): set it >= {need}")
+    replicas = rp.get("rollout_replicas", 1)
+    if not isinstance(replicas, int) or replicas < 1:
+        errors.append(f"rolloutpipe.rollout_replicas={replicas!r}: use a whole number >= 1")
+    elif replicas > 1 and rp.get("layout") != "disaggregated":
+        errors.append(f"rolloutpipe.rollout_replicas={replicas} needs rolloutpipe.layout=disaggregated (the hybrid "
+                      "layout has one replica per trainer worker group)")
     dp = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
     if (u * k) % dp:
         errors.append(f"an optimizer step has U*K={u * k} responses, which the trainer's data-parallel size {dp} "

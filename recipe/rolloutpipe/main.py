@@ -96,8 +96,9 @@ def prepare_runtime(config: DictConfig, worker_env: dict[str, str] | None = None
         ray.init(**kwargs)
 
 
-# What ``rolloutpipe.layout=disaggregated`` sets (verl keys): no hybrid engine, one standalone vLLM replica on its
-# own pool, weights published through the Ray object store (rolloutpipe_workers/cpu_checkpoint_engine.py).
+# What ``rolloutpipe.layout=disaggregated`` sets (verl keys): no hybrid engine, standalone vLLM replicas on their
+# own pool (``rolloutpipe.rollout_replicas`` of them, one "device" each), weights published through the Ray object
+# store (rolloutpipe_workers/cpu_checkpoint_engine.py).
 DISAGGREGATED = {
     "actor_rollout_ref.hybrid_engine": False,
     "actor_rollout_ref.rollout.nnodes": 1,
@@ -118,6 +119,9 @@ def apply_layout(config: DictConfig) -> None:
         with open_dict(config):
             for key, value in DISAGGREGATED.items():
                 OmegaConf.update(config, key, value, merge=False)
+            replicas = config.rolloutpipe.get("rollout_replicas", 1)
+            if isinstance(replicas, int) and replicas > 1:  # validate() reports a bad value
+                OmegaConf.update(config, "actor_rollout_ref.rollout.n_gpus_per_node", replicas, merge=False)
 
 
 def run(config: DictConfig) -> None:

@@ -5,6 +5,8 @@ verl's ``AgentLoopManager.generate_sequences`` returns a whole batch at once. It
 object refs: groups finish out of order, each with its K responses and their rewards (verl's reward loop runs in
 the agent loop). Which group to send, and with which priority, is decided by the pipeline's admission policy; the
 priority reaches vLLM through the batch's ``priority`` column (honoured under ``scheduling_policy=priority``).
+A group whose call fails because an actor behind it died (a rollout replica) is set aside in ``lost``, with the
+request kept, so the trainer can re-send it once the dead replica is out of routing (``failover.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import time
 import numpy as np
 import ray
 from verl import DataProto
+
+from .failover import dead_actor_error
 
 SAMPLE_COLUMN = "sample_in_group"  # which of the K samples a row is (agent loops may use it)
 SEED_COLUMN = "request_seed"  # vLLM sampling seed of the row (rolloutpipe_workers.agent_loops); -1 = unseeded
@@ -27,6 +31,8 @@ class GroupRolloutStream:
         self._workers = itertools.cycle(agent_loop_workers)
         self.group_size = group_size
         self._inflight: dict[ray.ObjectRef, int] = {}
+        self._requests: dict[int, DataProto] = {}  # the rows each unfinished group was sent with
+        self.lost: dict[int, BaseException] = {}  # groups whose call died with an actor, not re-sent yet
 
     def submit(self, group_id: int, prompt: DataProto, priority: int, meta: dict, seed: int | None = None) -> None:
         """Send the K samples of one prompt (``prompt`` has 1 row) to the next agent-loop worker; with ``seed``,
@@ -37,7 +43,16 @@ class GroupRolloutStream:
         rows.non_tensor_batch[SEED_COLUMN] = (np.full(len(rows), -1, dtype=np.int64) if seed is None
                                               else seed + np.arange(len(rows), dtype=np.int64))
         rows.meta_info.update(meta)
-        self._inflight[next(self._workers).generate_sequences.remote(rows)] = group_id
+        self._requests[group_id] = rows
+        self._send(group_id)
+
+    def resend(self, group_id: int) -> None:
+        """Send a lost group again, exactly as before (same rows, priority and seeds)."""
+        del self.lost[group_id]
+        self._send(group_id)
+
+    def _send(self, group_id: int) -> None:
+        self._inflight[next(self._workers).generate_sequences.remote(self._requests[group_id])] = group_id
 
     @property
     def inflight(self) -> int:
@@ -51,4 +66,16 @@ class GroupRolloutStream:
         ready, _ = ray.wait(list(self._inflight), num_returns=1, timeout=timeout_s)
         if ready:  # take everything else that is done too
             ready, _ = ray.wait(list(self._inflight), num_returns=len(self._inflight), timeout=0)
-        return [(self._inflight.pop(ref), ray.get(ref)) for ref in ready]
+        done = []
+        for ref in ready:
+            group_id = self._inflight.pop(ref)
+            try:
+                out = ray.get(ref)
+            except ray.exceptions.RayError as e:
+                if dead_actor_error(e) is None:
+                    raise
+                self.lost[group_id] = e  # none of its K responses is used: the group is generated again or not at all
+                continue
+            del self._requests[group_id]
+            done.append((group_id, out))
+        return done

@@ -29,6 +29,7 @@ from verl.trainer.ppo.reward import extract_reward
 from verl.utils.metric import reduce_metrics
 
 from .config_check import PipeSettings, validate
+from .failover import NoRolloutReplicaLeftError, ReplicaFailover, dead_actor_error
 from .pipeline import (
     PREFIX,
     CompleteGroupFIFO,
@@ -68,6 +69,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         self.round_rewards: list[float] = []
         self.val_scores: list[tuple[int, float]] = []
         self.groups_trained_total = 0
+        self.failover: ReplicaFailover | None = None  # disaggregated layout: replicas that may die mid-round
 
     # ---- the training loop -----------------------------------------------------------------------------------
     def fit(self) -> None:
@@ -84,6 +86,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
             verify_in_trainer(self)
             return
         self.global_steps = 0
+        if self.config.rolloutpipe.layout == "disaggregated":
+            self.failover = ReplicaFailover(self.llm_server_manager)
         self._load_checkpoint()
         self.checkpoint_manager.update_weights(self.global_steps)
         self.weights_version = self.global_steps
@@ -106,7 +110,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
                     break
                 self.global_steps += 1
         blocks = [self.round_rewards[i : i + 10] for i in range(0, len(self.round_rewards), 10)]
-        tqdm.write("[rolloutpipe] done: mean training reward per 10 rounds "
+        tqdm.write(f"[rolloutpipe] done: {self.groups_trained_total} groups trained; mean training reward per 10 "
+                   "rounds "
                    f"{[round(sum(b) / len(b), 3) for b in blocks]}; validation {self.val_scores}")
 
     def _fit_round_or_abort(self, batch: DataProto) -> dict[str, float]:
@@ -115,12 +120,13 @@ class RolloutPipeTrainer(RayPPOTrainer):
         try:
             return self.fit_round(batch)
         except Exception as e:  # noqa: BLE001 - only a dead actor is translated; anything else is re-raised
-            dead = _dead_actor_error(e)
+            dead = dead_actor_error(e)
             if dead is None:
                 raise
             step = self._latest_checkpoint_step()
+            what = str(dead) if isinstance(dead, NoRolloutReplicaLeftError) else type(dead).__name__
             raise RoundAbortedError(
-                f"rolloutpipe: a worker died during round {self.global_steps} ({type(dead).__name__}); nothing of the "
+                f"rolloutpipe: a worker died during round {self.global_steps} ({what}); nothing of the "
                 f"round was published (the rollout still holds weights v{self.weights_version}). Last checkpoint: "
                 + (f"{self._checkpoint_dir(step)}; rerun the same command (trainer.resume_mode=auto) to restart round "
                    f"{step + 1} from it." if step is not None else
@@ -216,6 +222,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
                             ledger.materialize(gid)
                             admit()
                             lock.notify_all()
+                    if stream.lost:
+                        self._resend_lost_groups(stream, ledger, lock)
             except BaseException as e:  # noqa: BLE001 - re-raised in the trainer thread
                 with lock:
                     failure.append(e)
@@ -255,6 +263,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
         fifo.check_drained()
 
         ledger.mark_published()  # raises unless every group of round v is consumed
+        if self.failover is not None:
+            self._drop_dead_replicas(None)  # one that died after its last request must not fail the publish
         t0 = self.clock.now()
         self.checkpoint_manager.update_weights(self.global_steps)
         timeline.published(t0, self.clock.now())
@@ -262,6 +272,35 @@ class RolloutPipeTrainer(RayPPOTrainer):
         self.groups_trained_total += sum(len(rows) for rows in trained) // p.group_size
         self.last_round = (trained, step_outputs)
         return self._round_metrics(timeline, trained, step_outputs)
+
+    # ---- rollout replicas that die mid-round (disaggregated layout) ---------------------------------------------
+    def _drop_dead_replicas(self, cause: BaseException | None) -> None:
+        dropped = self.failover.drop_dead()
+        if dropped:
+            tqdm.write(f"[rolloutpipe] rollout replica(s) {dropped} died in round {self.global_steps}: removed from "
+                       f"request routing and weight publication; {self.failover.alive} of {self.failover.started} "
+                       "left")
+        if not self.failover.alive:
+            raise NoRolloutReplicaLeftError(f"all {self.failover.started} rollout replicas died") from cause
+
+    def _resend_lost_groups(self, stream: GroupRolloutStream, ledger: GroupLedger, lock: threading.Condition) -> None:
+        """Groups whose call died with an actor: if a rollout replica is dead, it leaves routing and the groups go
+        again (same requests, same seeds) to the survivors; nothing of them was materialized, so each is still
+        trained exactly once. Any other dead actor (agent-loop or reward worker) stops the round."""
+        first = next(iter(stream.lost.values()))
+        if self.failover is None:
+            raise first
+        self._drop_dead_replicas(first)
+        if not self.failover.dropped:
+            raise first  # no replica died: not a failure re-sending can fix
+        lost = sorted(stream.lost)
+        with lock:
+            for gid in lost:
+                ledger.resend(gid)
+        for gid in lost:
+            stream.resend(gid)
+        tqdm.write(f"[rolloutpipe] round {self.global_steps}: groups {lost} lost with a dead rollout replica, re-sent "
+                   f"to the {self.failover.alive} surviving replica(s)")
 
     def _validate_and_report(self) -> dict:
         """verl's validation (val set, ``val_kwargs`` sampling) between rounds, when no round is in flight."""
@@ -345,6 +384,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
             mask = batch.batch["response_mask"].float()
             gap = (batch.batch["rollout_log_probs"] - batch.batch["old_log_probs"]).abs() * mask
             metrics[PREFIX + "rollout_vs_trainer_logprob_diff"] = float(gap.sum() / mask.sum())
+        if self.failover is not None:
+            metrics[PREFIX + "rollout_replicas_alive"] = float(self.failover.alive)
         metrics["training/global_step"] = self.global_steps
         self.round_rewards.append(float(metrics["critic/score/mean"]))
         m = {k.removeprefix(PREFIX): v for k, v in metrics.items() if k.startswith(PREFIX)}
@@ -367,23 +408,6 @@ class DisaggregatedRolloutPipeTrainer(RolloutPipeTrainer, OneStepOffRayTrainer):
     standalone vLLM replicas with their own pool, weights published through verl's ``CheckpointEngineManager``.
     Worker layout and start-up come from verl's ``OneStepOffRayTrainer`` (via ``SeparateRayPPOTrainer``); the
     training loop is RolloutPipe's (its synchronous ``fit`` replaces one-step-off's asynchronous one)."""
-
-
-def _dead_actor_error(e: BaseException) -> BaseException | None:
-    """The Ray "actor died" error behind ``e`` (directly, as a cause, or inside a failed remote task), if any."""
-    import ray
-
-    seen: set[int] = set()
-    stack: list[BaseException | None] = [e]
-    while stack:
-        x = stack.pop()
-        if x is None or id(x) in seen:
-            continue
-        seen.add(id(x))
-        if isinstance(x, ray.exceptions.RayActorError):
-            return x
-        stack += [x.__cause__, x.__context__, getattr(x, "cause", None)]
-    return None
 
 
 def request_seed(base: int, round_index: int, group_id: int, group_size: int) -> int:

@@ -64,6 +64,7 @@ class GroupRecord:
     group_size: int
     state: GroupState = GroupState.SUBMITTED
     finished_requests: int = 0
+    resends: int = 0  # times its requests were lost with a rollout replica and sent again
     step_index: int | None = None
     times: dict[str, float] = field(default_factory=dict)
 
@@ -141,6 +142,20 @@ class GroupLedger:
             self._move(group_id, GroupState.SERVING_COMPLETE)
             return True
         return False
+
+    def resend(self, group_id: int) -> None:
+        """The group's requests were lost (their rollout replica died) before the group completed: nothing of it
+        reached the FIFO, so it is generated again from scratch -- still once, still with weights v."""
+        rec = self.group(group_id)
+        if rec.state is not GroupState.ADMITTED:
+            raise PipelineInvariantError(f"group {group_id} cannot be re-sent from {rec.state.value}")
+        rec.finished_requests = 0
+        rec.resends += 1
+        rec.times[f"resent_{rec.resends}"] = self.last_transition_t = self.clock.now()
+
+    @property
+    def groups_resent(self) -> int:
+        return sum(1 for g in self.groups if g.resends)
 
     def complete_serving(self, group_id: int) -> None:
         """All K responses arrived together (the rollout client returns whole groups)."""

@@ -57,7 +57,8 @@ class RoundTimeline:
             return self._groups
         assert self.ledger is not None
         return [
-            {"order": g.order, "state": g.state.value, "step_index": g.step_index, "times": dict(g.times)}
+            {"order": g.order, "state": g.state.value, "step_index": g.step_index, "resends": g.resends,
+             "times": dict(g.times)}
             for g in self.ledger.groups
         ]
 
@@ -115,6 +116,8 @@ class RoundTimeline:
             "overlap_efficiency": (serial - window) / (serial - ideal) if serial - ideal > 1e-9 else math.nan,
             "groups_trained": float(sum(len(iv.group_ids) for iv in self.intervals if iv.kind == "train")),
             "groups_filtered": float(counts[GroupState.FILTERED.value]),
+            # groups whose requests died with a rollout replica and were generated again (trained once)
+            "groups_resent": float(sum(1 for g in self.groups if g.get("resends"))),
         }
         if self.publish:
             m["publish_s"] = self.publish[1] - self.publish[0]
