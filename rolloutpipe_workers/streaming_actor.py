@@ -1,7 +1,17 @@
 """The actor worker RolloutPipe trains with: verl's ``ActorRolloutRefWorker`` plus what streaming needs.
 
-RolloutPipe trains one optimizer step per call (U complete groups, all present), so verl's own loss normalisation
-per mini-batch is already the serial run's. What verl lacks:
+Two ways to train a round's optimizer steps:
+
+- ``train_unit: step`` -- one verl ``update_actor`` call per optimizer step (U complete groups, all present): verl's
+  own loss normalisation per mini-batch is already the serial run's.
+- ``train_unit: groups`` -- the streaming API below: ``begin_round`` / ``accumulate(groups)`` (forward + backward on
+  whatever complete groups are there, no optimizer step) / ``optimizer_step`` / ``end_round``. verl normalises a
+  ``token-mean`` loss by the tokens *of each call*; the serial step divides by the tokens of the whole step, which are
+  known only when its last group arrives. So each call's gradient is kept as a token *sum* (scaled by the call's
+  own token count) and ``optimizer_step`` divides by the step's total before verl clips and steps. The other loss
+  modes need no fix: verl normalises them by the step's sequence count (``global_batch_size = U*K``), set per call.
+
+What else verl lacks:
 
 - a round-start *snapshot* of the weights, to compute π_old exactly for groups consumed after the first optimizer
   step of the round (``old_log_prob: snapshot``). verl's own CPU snapshot (``fsdp2_sharded_save_to_cpu``) aliases
@@ -13,6 +23,8 @@ per mini-batch is already the serial run's. What verl lacks:
 from __future__ import annotations
 
 import copy
+import math
+from contextlib import contextmanager
 
 import torch
 from verl.experimental.separation.engine_workers import DetachActorWorker
@@ -41,11 +53,11 @@ class StreamingActorMixin:
             for n, p in self._params().items():
                 self._local(p.data).copy_(state[n])
 
-    # ---- π_old snapshot ------------------------------------------------------------------------------------------
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def snapshot_weights(self) -> None:
-        """Keep a copy of this round's starting weights (version v)."""
-        self._rp_snapshot = self._clone_params()
+    # ---- π_old: live weights (the round's first step) or the round-start snapshot ---------------------------------
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def compute_log_prob_live(self, data):  # noqa: ANN001, ANN201 - verl TensorDict in/out
+        """verl's ``compute_log_prob`` for a call of any number of whole groups."""
+        return self._infer(data)
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def compute_log_prob_snapshot(self, data):  # noqa: ANN001, ANN201 - verl TensorDict in/out
@@ -53,10 +65,117 @@ class StreamingActorMixin:
         live = self._clone_params()
         self._load_params(self._rp_snapshot)
         try:
-            output = self.actor.infer_batch(data)
+            return self._infer(data)
         finally:
             self._load_params(live)
+
+    def _infer(self, data):  # noqa: ANN001, ANN202
+        output = self.actor.infer_batch(
+            self._fit_micro_batches(data, self.actor.engine_config.infer_micro_batch_size_per_gpu))
         return output.cpu() if output is not None else None
+
+    def _fit_micro_batches(self, data, configured: int | None):  # noqa: ANN001, ANN202
+        """A streamed call can hold fewer rows than verl's micro-batch (one group of K < micro-batch), which verl
+        rejects without dynamic batch sizes: use the largest micro-batch that divides the call. The loss is
+        normalised per step, not per micro-batch, so only the float summation order changes."""
+        from verl.utils import tensordict_utils as tu
+
+        rows = data.shape[0]
+        if configured and not self.actor.engine_config.use_dynamic_bsz and rows % configured:
+            tu.assign_non_tensor(data, micro_batch_size_per_gpu=math.gcd(rows, configured))
+        return data
+
+    # ---- streaming training: begin_round / accumulate / optimizer_step / end_round -----------------------------
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def begin_round(self, snapshot: bool) -> None:
+        """A new weight version starts training; ``snapshot``: keep its weights for π_old of later steps."""
+        if getattr(self, "_rp_step_tokens", None) is not None:
+            raise RuntimeError("begin_round: the previous round left an optimizer step open")
+        self._rp_snapshot = self._clone_params() if snapshot else None
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def accumulate(self, data):  # noqa: ANN001, ANN201 - verl TensorDict in/out, as update_actor
+        """Forward + backward on these complete groups through verl's own training path (``train_mini_batch``),
+        adding to the open step's gradients; the optimizer does not step. Returns verl's metrics of the call."""
+        from verl.utils import tensordict_utils as tu
+
+        # the call is one mini-batch of its own rows; global_batch_size stays the step's (U*K) for seq-mean modes
+        tu.assign_non_tensor(data, mini_batch_size=data.shape[0] * self.actor.engine.get_data_parallel_size())
+        self._fit_micro_batches(data, self.actor.engine_config.micro_batch_size_per_gpu)
+        with self._accumulating():
+            output = self.actor.train_mini_batch(data=data)
+        if output is not None:
+            tu.get(output, "metrics").pop("grad_norm", None)  # no step was taken: optimizer_step reports it
+        return output.cpu() if output is not None else None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def optimizer_step(self) -> dict[str, float]:
+        """Close the open step: gradients = token sum / the step's tokens (token-mean), then verl's clip + step."""
+        eng = self.actor.engine
+        tokens = self._rp_step_tokens
+        if tokens is None:
+            raise RuntimeError("optimizer_step without accumulate")
+        with eng.train_mode():
+            if self.config.actor.loss_agg_mode == "token-mean":
+                self._scale_grads(1.0 / tokens)
+            grad_norm = eng.optimizer_step()
+            lr = eng.lr_scheduler_step()
+        self._rp_step_tokens = None
+        return {"actor/grad_norm": float(grad_norm), "actor/lr": float(lr), "rolloutpipe/step_tokens": float(tokens)}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def end_round(self) -> None:
+        if getattr(self, "_rp_step_tokens", None) is not None:
+            raise RuntimeError("end_round with gradients accumulated but no optimizer step taken")
+        self._rp_snapshot = None
+
+    def _scale_grads(self, factor: float) -> None:
+        with torch.no_grad():
+            for p in self._params().values():
+                if p.grad is not None:
+                    p.grad.mul_(factor)
+
+    @contextmanager
+    def _accumulating(self):  # noqa: ANN202
+        """verl's engine with the step's start/end taken out of ``train_batch``: zero the gradients only at the
+        start of a step, never step the optimizer or the scheduler, and keep the gradient a token sum."""
+        from verl.utils import tensordict_utils as tu
+
+        eng = self.actor.engine
+        token_mean = self.config.actor.loss_agg_mode == "token-mean"
+        verl_fb = eng.forward_backward_batch
+        saved = {k: eng.__dict__[k] for k in ("optimizer_zero_grad", "optimizer_step", "lr_scheduler_step",
+                                              "forward_backward_batch") if k in eng.__dict__}
+
+        def forward_backward_batch(data, loss_function, forward_only=False):  # noqa: ANN001, ANN202
+            if forward_only:
+                return verl_fb(data, loss_function, forward_only=forward_only)
+            # the tokens verl will divide this call's token-mean loss by (the same all-reduced count)
+            count = data["loss_mask"].sum().to(torch.float64)
+            torch.distributed.all_reduce(count, group=eng.get_data_parallel_group())
+            n = float(count) if token_mean else 1.0
+            self._scale_grads(1.0 / n)  # (sum so far) / n + this call's mean ...
+            out = verl_fb(data, loss_function, forward_only=forward_only)
+            used = tu.get(data, key="batch_num_tokens")
+            if token_mean and float(used) != n:  # verl changed how it normalises: the fix would be wrong
+                raise RuntimeError(f"accumulate: verl normalised by {used} tokens, expected {n}")
+            self._scale_grads(n)  # ... times n: the token sum of every call so far
+            self._rp_step_tokens += float(count)
+            return out
+
+        if getattr(self, "_rp_step_tokens", None) is None:  # first call of a step
+            eng.optimizer_zero_grad()
+            self._rp_step_tokens = 0.0
+        eng.optimizer_zero_grad = lambda: None
+        eng.optimizer_step = lambda: float("nan")
+        eng.lr_scheduler_step = lambda: None
+        eng.forward_backward_batch = forward_backward_batch
+        try:
+            yield
+        finally:
+            for k in ("optimizer_zero_grad", "optimizer_step", "lr_scheduler_step", "forward_backward_batch"):
+                eng.__dict__.pop(k, None)
+            eng.__dict__.update(saved)
 
     # ---- train state and gradients (equivalence check) --------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -23,6 +23,7 @@ class PipeSettings:
     fgd_strength: str
     old_log_prob: str  # snapshot | rollout
     max_buffered_groups: int | None = None  # bound on groups between admission and consumption (back-pressure)
+    train_unit: str = "step"  # step: one update call per optimizer step | groups: accumulate groups as they come
 
 
 def _get(cfg: DictConfig, key: str, default=None):  # noqa: ANN001, ANN202
@@ -74,6 +75,14 @@ def validate(cfg: DictConfig) -> PipeSettings:
         errors.append(f"rolloutpipe.rollout_replicas={replicas} needs rolloutpipe.layout=disaggregated (the hybrid "
                       "layout has one replica per trainer worker group)")
     dp = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    train_unit = rp.get("train_unit", "step")
+    if train_unit not in ("step", "groups"):
+        errors.append(f"rolloutpipe.train_unit={train_unit!r}: use step (one update per optimizer step) or groups "
+                      "(accumulate complete groups as they arrive)")
+    elif train_unit == "groups" and k % dp:
+        errors.append(f"rolloutpipe.train_unit=groups trains single groups of K={k} responses, which the trainer's "
+                      f"data-parallel size {dp} does not divide: change actor_rollout_ref.rollout.n or use "
+                      "train_unit=step")
     if (u * k) % dp:
         errors.append(f"an optimizer step has U*K={u * k} responses, which the trainer's data-parallel size {dp} "
                       "(trainer.nnodes * trainer.n_gpus_per_node) does not divide: change ppo_mini_batch_size or n")
@@ -98,4 +107,4 @@ def validate(cfg: DictConfig) -> PipeSettings:
     if errors:
         raise RolloutPipeConfigError("rolloutpipe: invalid config:\n  - " + "\n  - ".join(errors))
     return PipeSettings(mode, r, k, u, int(fw), strength, rp.old_log_prob,
-                        None if bound is None else int(bound))
+                        None if bound is None else int(bound), train_unit)

@@ -44,14 +44,13 @@ from .pipeline import (
 from .rollout_stream import REQUEST_COLUMNS, GroupRolloutStream
 
 
-class _SnapshotLogProbs:
-    """The actor worker group, with ``compute_log_prob`` answered by the round-start weight snapshot."""
+class _Rerouted:
+    """The actor worker group with one method answered by another, so verl's trainer code that calls the first
+    (``_compute_old_log_prob``, ``_update_actor``) runs unchanged on the streaming worker's variant."""
 
-    def __init__(self, wg) -> None:  # noqa: ANN001
+    def __init__(self, wg, method: str, to: str) -> None:  # noqa: ANN001
         self._wg = wg
-
-    def compute_log_prob(self, data):  # noqa: ANN001, ANN201
-        return self._wg.compute_log_prob_snapshot(data)
+        setattr(self, method, getattr(wg, to))
 
     def __getattr__(self, name: str):  # noqa: ANN204
         return getattr(self._wg, name)
@@ -70,6 +69,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         self.val_scores: list[tuple[int, float]] = []
         self.groups_trained_total = 0
         self.failover: ReplicaFailover | None = None  # disaggregated layout: replicas that may die mid-round
+        self._step_metrics: list[DataProto] = []  # train_unit=groups: the open step's accumulate calls
 
     # ---- the training loop -----------------------------------------------------------------------------------
     def fit(self) -> None:
@@ -190,8 +190,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         lock = threading.Condition()
         trainable: dict[int, DataProto] = {}
         failure: list[BaseException] = []
-        if p.old_log_prob == "snapshot" and p.step_groups < p.num_groups:
-            self.actor_rollout_wg.snapshot_weights()
+        self.actor_rollout_wg.begin_round(snapshot=p.old_log_prob == "snapshot" and p.step_groups < p.num_groups)
 
         stream = GroupRolloutStream(self.async_rollout_manager.agent_loop_workers, p.group_size)
         meta = {"global_steps": self.global_steps}
@@ -233,13 +232,13 @@ class RolloutPipeTrainer(RayPPOTrainer):
         bar = tqdm(total=p.num_groups, desc=f"round {self.global_steps} [{p.mode}] consumed", unit="group",
                    leave=False)
         roller.start()
-        step_outputs, trained = [], []
+        step_outputs, trained, calls = [], [], [0] * (p.num_groups // p.step_groups)
         while True:
             with lock:
                 while True:
                     if failure:
                         raise RuntimeError(f"rolloutpipe: rollout side failed in round v{version}") from failure[0]
-                    d = fifo.take(whole_step=True)
+                    d = fifo.take(whole_step=p.train_unit == "step")
                     if d is not None or fifo.exhausted:
                         break
                     ledger.check_progress(self.config.rolloutpipe.stall_timeout_s)
@@ -248,19 +247,24 @@ class RolloutPipeTrainer(RayPPOTrainer):
                     break
                 rows = DataProto.concat([trainable.pop(g) for g in d.training_order]) if d.group_ids else None
                 bar.set_postfix(materialized=len(ledger.materialization_order), in_engine=stream.inflight)
-            if rows is None:
+            if rows is None and not (p.train_unit == "groups" and d.ends_step):
                 continue
             t0 = self.clock.now()
-            step_outputs.append(self._train_step(rows, d.step_index))
+            out = self._train_step(rows, d.step_index) if p.train_unit == "step" else self._train_groups(rows, d)
+            if out is not None:
+                step_outputs.append(out)
             t1 = self.clock.now()
             with lock:
                 timeline.trainer_busy(t0, t1, d.step_index, d.group_ids)
                 ledger.consume(d.group_ids, trainer_version=self.weights_version)
-            trained.append(rows)
+            if rows is not None:
+                trained.append(rows)
+                calls[d.step_index] += 1
             bar.update(len(d.group_ids))
         roller.join()
         bar.close()
         fifo.check_drained()
+        self.actor_rollout_wg.end_round()
 
         ledger.mark_published()  # raises unless every group of round v is consumed
         if self.failover is not None:
@@ -271,6 +275,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         self.weights_version += 1
         self.groups_trained_total += sum(len(rows) for rows in trained) // p.group_size
         self.last_round = (trained, step_outputs)
+        self.last_round_calls = calls  # trainer calls per optimizer step
         return self._round_metrics(timeline, trained, step_outputs)
 
     # ---- rollout replicas that die mid-round (disaggregated layout) ---------------------------------------------
@@ -344,22 +349,43 @@ class RolloutPipeTrainer(RayPPOTrainer):
     def _old_log_probs(self, rows: DataProto, step_index: int) -> DataProto:
         """π_old = weights v. Before the round's first optimizer step the live weights are v; after it, the
         snapshot of v answers (exact, equal to the serial run)."""
-        if step_index == 0:
+        live = self.actor_rollout_wg
+        weights = "compute_log_prob_live" if step_index == 0 else "compute_log_prob_snapshot"
+        self.actor_rollout_wg = _Rerouted(live, "compute_log_prob", to=weights)
+        try:
             old, _ = self._compute_old_log_prob(rows)
-        else:
-            live, self.actor_rollout_wg = self.actor_rollout_wg, _SnapshotLogProbs(self.actor_rollout_wg)
-            try:
-                old, _ = self._compute_old_log_prob(rows)
-            finally:
-                self.actor_rollout_wg = live
+        finally:
+            self.actor_rollout_wg = live
         old.batch.pop("entropys")
         return old
 
-    def _train_step(self, rows: DataProto, step_index: int) -> DataProto:
+    def _with_old_log_probs(self, rows: DataProto, step_index: int) -> DataProto:
         rows.meta_info["global_token_num"] = rows.batch["attention_mask"].sum(dim=-1).tolist()
         if self.pipe.old_log_prob == "snapshot":
             rows = rows.union(self._old_log_probs(rows, step_index))
-        return self._update_actor(rows)
+        return rows
+
+    def _train_step(self, rows: DataProto, step_index: int) -> DataProto:
+        """``train_unit: step``: one verl update call on the whole step (its U groups)."""
+        return self._update_actor(self._with_old_log_probs(rows, step_index))
+
+    def _train_groups(self, rows: DataProto | None, d) -> DataProto | None:  # noqa: ANN001 - a pipeline Dispatch
+        """``train_unit: groups``: forward + backward on the groups there are now (verl's update path, routed to the
+        worker's ``accumulate``); the optimizer steps when the dispatch closes the step. Returns the step's metrics
+        then, else None."""
+        if rows is not None:
+            live = self.actor_rollout_wg
+            self.actor_rollout_wg = _Rerouted(live, "update_actor", to="accumulate")
+            try:
+                self._step_metrics.append(self._update_actor(self._with_old_log_probs(rows, d.step_index)))
+            finally:
+                self.actor_rollout_wg = live
+        if not d.ends_step:
+            return None
+        calls, self._step_metrics = self._step_metrics, []
+        metrics = reduce_metrics(_merge([c.meta_info["metrics"] for c in calls]))
+        metrics.update(self.actor_rollout_wg.optimizer_step()[0])
+        return DataProto.from_single_dict(data={}, meta_info={"metrics": metrics})
 
     # ---- metrics ------------------------------------------------------------------------------------------------
     def _round_metrics(self, timeline: RoundTimeline, trained: list[DataProto], outs: list[DataProto]) -> dict:

@@ -10,7 +10,11 @@ round with the starting weights, then one ``update_actor`` call over the round (
 - ``max_abs_grad_diff`` and both runs' per-step grad norms: AdamW normalises away a wrong gradient scale, so
   equal weights alone prove little;
 - ``max_abs_old_logprob_diff``: π_old of every trained token, snapshot (pipelined) vs serial;
-- ``rollout_vs_snapshot_logprob_gap``: what ``old_log_prob: rollout`` (vLLM's log-probs) would have used instead.
+- ``rollout_vs_snapshot_logprob_gap``: what ``old_log_prob: rollout`` (vLLM's log-probs) would have used instead;
+- with ``rolloutpipe.train_unit=groups`` also ``max_abs_weight_diff_one_group_per_call``: the round replayed from the
+  same start state through the streaming worker API with *one group per call* (U ``accumulate`` calls per
+  optimizer step, π_old from the live weights / the snapshot), against the serial weights -- the case the pipelined
+  run reaches only when its groups happen to arrive one by one.
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ from pathlib import Path
 from verl import DataProto
 
 R, U = 16, 4
+
+
+def _scalar(x):  # noqa: ANN001, ANN202 - verl reports a step's metric as a one-element list
+    return x[0] if isinstance(x, list) and len(x) == 1 else x
 
 
 def _masked_max_abs(a, b, mask) -> float:  # noqa: ANN001
@@ -47,6 +55,7 @@ def verify_in_trainer(trainer) -> dict:  # noqa: ANN001 - a RolloutPipeTrainer, 
     wg.load_train_state("round_start")
     serial = DataProto.concat(trained)
     pipe_old = serial.batch.pop("old_log_probs")
+    rows = serial.slice(0, len(serial))  # without π_old, for the replay
     serial.meta_info["global_token_num"] = serial.batch["attention_mask"].sum(dim=-1).tolist()
     old, _ = trainer._compute_old_log_prob(serial)
     old.batch.pop("entropys")
@@ -54,6 +63,7 @@ def verify_in_trainer(trainer) -> dict:  # noqa: ANN001 - a RolloutPipeTrainer, 
     trainer._update_actor(serial)
     serial_grads = wg.pop_step_grads()[0]
     serial_weights = wg.get_weights()[0]
+    replay = _replay_one_group_per_call(trainer, rows) if trainer.pipe.train_unit == "groups" else None
     wg.record_step_grads(False)
 
     mask = serial.batch["response_mask"].float()
@@ -70,17 +80,39 @@ def verify_in_trainer(trainer) -> dict:  # noqa: ANN001 - a RolloutPipeTrainer, 
         "rollout_vs_snapshot_logprob_mean_gap": float(((serial.batch["rollout_log_probs"] - pipe_old).abs() * mask)
                                                       .sum() / mask.sum()),
         "weights_moved": max(float((pipe_weights[k] - w).abs().max()) for k, w in start_weights.items()),
-        "verl_grad_norm_per_step": [o.meta_info["metrics"].get("actor/grad_norm") for o in step_outputs],
+        "verl_grad_norm_per_step": [_scalar(o.meta_info["metrics"].get("actor/grad_norm")) for o in step_outputs],
         "groups_with_reward_variance_per_step": [
-            sum(bool(g.abs().sum() > 0) for g in t.batch["advantages"].split(trainer.pipe.group_size))
-            for t in trained],
+            sum(bool(g.abs().sum() > 0) for g in step.split(trainer.pipe.group_size))
+            for step in serial.batch["advantages"].split(U * trainer.pipe.group_size)],
         "R": R, "U": U, "K": trainer.pipe.group_size, "optimizer_steps": len(pipe_grads),
+        "train_unit": trainer.pipe.train_unit, "calls_per_step": trainer.last_round_calls,
     }
+    if replay is not None:
+        weights, grads = replay
+        result["max_abs_weight_diff_one_group_per_call"] = max(
+            float((weights[k] - serial_weights[k]).abs().max()) for k in weights)
+        result["max_abs_grad_diff_one_group_per_call"] = max(
+            float((p[k] - s[k]).abs().max()) for p, s in zip(grads, serial_grads, strict=True) for k in p)
     out = trainer.config.rolloutpipe.verify_out
     if out:
         Path(out).write_text(json.dumps(result, indent=1))
     print("[rolloutpipe] verify_onpolicy:", json.dumps(result), flush=True)
     return result
+
+
+def _replay_one_group_per_call(trainer, rows: DataProto) -> tuple[dict, list[dict]]:  # noqa: ANN001
+    """The round's groups again from the round's start state, one ``accumulate`` call per group: final weights
+    and every step's gradients (before clipping)."""
+    from .pipeline import Dispatch
+
+    wg, k = trainer.actor_rollout_wg, trainer.pipe.group_size
+    wg.load_train_state("round_start")
+    wg.begin_round(snapshot=True)
+    for g in range(len(rows) // k):
+        step, last = divmod(g, U)[0], g % U == U - 1
+        trainer._train_groups(rows.slice(g * k, (g + 1) * k), Dispatch((g,), step, ends_step=last, version=0))
+    wg.end_round()
+    return wg.get_weights()[0], wg.pop_step_grads()[0]
 
 
 def main(argv: list[str] | None = None) -> int:
