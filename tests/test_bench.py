@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from recipe.rolloutpipe.bench.agent_loop import parse_lengths
+from recipe.rolloutpipe.bench.modes import ModeSpec, parse_mode_spec
 from recipe.rolloutpipe.bench.report import markdown, summarize
 from recipe.rolloutpipe.bench.workloads import LengthProfile, describe, round_lengths
 
@@ -77,18 +78,25 @@ def test_summary_compares_each_mode_with_sync_of_the_same_setting():
     assert "| w | 8 |" in markdown(summarize(raw))
 
 
+def test_mode_specs():
+    assert parse_mode_spec("sync") == ModeSpec("sync", None, None, None)
+    assert parse_mode_spec("cgp_fgd:hold/4") == ModeSpec("cgp_fgd", "hold", 4, None)
+    assert parse_mode_spec("cgp_fgd:priority+groups") == ModeSpec("cgp_fgd", "priority", None, "groups")
+    assert parse_mode_spec("cgp+groups") == ModeSpec("cgp", None, None, "groups")
+
+
 def test_bench_runs_all_modes_on_the_real_stack(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "recipe.rolloutpipe.bench", "--json", str(tmp_path / "records.json"),
          f"rolloutpipe.bench.out_dir={tmp_path}/results", "rolloutpipe.bench.workloads=[sci-longtail]",
-         "rolloutpipe.bench.sizes=[4]", "rolloutpipe.bench.modes=[sync,cgp,cgp_fgd:priority]",
+         "rolloutpipe.bench.sizes=[4]", "rolloutpipe.bench.modes=[sync,cgp,cgp_fgd:priority+groups]",
          "rolloutpipe.bench.rounds=1", "rolloutpipe.bench.warmup_rounds=0", "data.max_response_length=24",
          f"trainer.default_local_dir={tmp_path}/ckpt"],
         capture_output=True, text=True, timeout=900, cwd=ROOT)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-6000:]
     records = json.loads((tmp_path / "records.json").read_text())["records"]
-    assert [r["mode"] for r in records] == ["sync", "cgp", "cgp_fgd:priority"]
+    assert [r["mode"] for r in records] == ["sync", "cgp", "cgp_fgd:priority+groups"]
     for r in records:
         assert r["lengths_honoured"] == 1.0  # every response has exactly the workload's length (max_tokens+ignore_eos)
         assert r["rollout_to_train_end_s"] > 0 and "reduction_vs_sync" in r and r["rollout_train_ratio_sync"] > 0

@@ -49,6 +49,14 @@ def test_bad_config_names_key_and_fix(overrides, needle):
     assert needle in str(e.value)
 
 
+def test_filter_groups_follows_verl_keys():
+    assert validate(cfg()).filter_metric is None
+    s = validate(cfg("algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=3"))
+    assert (s.filter_metric, s.max_extra_groups) == ("reward", 2 * 16)  # two more batches of R prompts
+    s = validate(cfg("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"))
+    assert s.filter_metric == "acc" and s.max_extra_groups >= 10**6  # 0 = verl's "no limit": the data bounds it
+
+
 def test_priority_with_priority_scheduling_is_valid():
     s = validate(cfg("rolloutpipe.fgd_strength=priority", "actor_rollout_ref.rollout.scheduling_policy=priority"))
     assert s.fgd_strength == "priority"

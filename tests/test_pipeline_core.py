@@ -207,6 +207,20 @@ def test_resend_only_while_generating():
     assert timeline.metrics()[PREFIX + "groups_resent"] == 1.0
 
 
+def test_stop_replacements_ends_the_round_short():
+    ledger = GroupLedger(0, num_groups=2, group_size=1, max_extra_groups=5, clock=ManualClock())
+    FifoAdmission().admit(ledger)
+    ledger.complete_serving(0)
+    assert ledger.filter(0) is not None  # replaced by group 2
+    ledger.stop_replacements()  # no prompt left for a third extra group
+    ledger.complete_serving(1)
+    assert ledger.filter(1) is None
+    FifoAdmission().admit(ledger)
+    ledger.complete_serving(2)
+    ledger.materialize(2)
+    assert ledger.rollout_closed and ledger.short_by == 1 and ledger.extra_groups_used == 1
+
+
 def test_filter_replacement_and_short_round():
     ledger = GroupLedger(0, num_groups=2, group_size=1, max_extra_groups=1, clock=ManualClock())
     FifoAdmission().admit(ledger)

@@ -75,7 +75,8 @@ def test_verify_onpolicy_is_exact(tmp_path, train_unit):
     # agree to float32 summation order: gradients to ~1e-7 relative. AdamW divides by sqrt(v)+eps, which turns
     # rounding noise in gradients that cancel to ~0 into updates of up to ~lr: weights agree to a small fraction of
     # how far the round moved them, not bit for bit.
-    assert v["max_abs_grad_diff"] <= 2e-6 and v["max_abs_grad_diff_one_group_per_call"] <= 2e-6
+    scale = max(v["grad_norms_serial"])  # float32 rounding is relative to the size of the gradient
+    assert v["max_abs_grad_diff"] <= 2e-6 * scale and v["max_abs_grad_diff_one_group_per_call"] <= 2e-6 * scale
     assert v["max_abs_old_logprob_diff"] <= 2e-5
     assert v["grad_norms_pipelined"] == pytest.approx(v["grad_norms_serial"], rel=1e-5, abs=1e-8)
     for key in ("max_abs_weight_diff", "max_abs_weight_diff_one_group_per_call"):  # measured 6e-8 .. 9e-6
@@ -92,3 +93,22 @@ def test_disaggregated_layout_publishes_weights(tmp_path):
     diffs = [float(x) for x in re.findall(r"lp_diff=([0-9.]+)", log)]
     assert len(diffs) == 2 and max(diffs) < 0.05, diffs
     assert all(float(r[2]) > 0 for r in rounds)  # random weights would answer no arithmetic
+
+
+def test_dynamic_sampling_trains_only_groups_with_reward_variance(tmp_path):
+    """verl's ``algorithm.filter_groups``: groups whose K rewards are all equal are dropped and replaced by the
+    next prompts (from the next dataloader batch), so every round still trains R groups, none with advantage 0."""
+    log = run_main(tmp_path, "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=4",
+                   "trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.test_freq=-1")
+    lines = re.findall(r"\[rolloutpipe\] round (\d) .*? filtered=(\d+) short_by=(\d+)", log)
+    assert [r for r, _, _ in lines] == ["1", "2"], log[-3000:]
+    filtered = 0
+    for i, (_, nf, short) in enumerate(lines, start=1):
+        tl = json.loads((tmp_path / "tl" / f"round{i:04d}_cgp_fgd.json").read_text())
+        states = [g["state"] for g in tl["groups"]]
+        assert states.count("consumed") == 16 and short == "0"
+        assert states.count("filtered") == int(nf) == len(states) - 16  # every extra group replaced a filtered one
+        filtered += int(nf)
+    assert filtered > 0  # the embedded default has groups without reward variance: the filter had work
+    zero = re.findall(r"rolloutpipe/groups_zero_advantage:([0-9.]+)", log)  # verl's console logger, per round
+    assert len(zero) == 2 and all(float(z) == 0 for z in zero), zero

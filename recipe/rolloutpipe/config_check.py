@@ -11,6 +11,9 @@ class RolloutPipeConfigError(ValueError):
     pass
 
 
+UNLIMITED_EXTRA_GROUPS = 10**9
+
+
 @dataclass(frozen=True)
 class PipeSettings:
     """The resolved pipeline shape of a run."""
@@ -24,6 +27,8 @@ class PipeSettings:
     old_log_prob: str  # snapshot | rollout
     max_buffered_groups: int | None = None  # bound on groups between admission and consumption (back-pressure)
     train_unit: str = "step"  # step: one update call per optimizer step | groups: accumulate groups as they come
+    filter_metric: str | None = None  # dynamic sampling: drop groups whose K values of this metric are all equal
+    max_extra_groups: int = 0  # replacements per round for filtered groups (prompts of later dataloader batches)
 
 
 def _get(cfg: DictConfig, key: str, default=None):  # noqa: ANN001, ANN202
@@ -104,7 +109,14 @@ def validate(cfg: DictConfig) -> PipeSettings:
             or (_get(optim, "lr_warmup_steps_ratio", 0.0) or 0.0) > 0:
         errors.append("actor_rollout_ref.actor.optim: use a constant learning rate without warm-up (verl steps the "
                       "scheduler once per update call; a streamed round makes R/U calls)")
+    filt = _get(cfg, "algorithm.filter_groups", None)
+    filter_metric, extra = None, 0
+    if filt is not None and filt.get("enable", False):
+        filter_metric = filt.get("metric") or "reward"
+        gen_batches = int(filt.get("max_num_gen_batches", 0) or 0)
+        # each extra generation batch brings R more prompts; <= 0 is verl's "no limit" (the data bounds it)
+        extra = (gen_batches - 1) * r if gen_batches > 0 else UNLIMITED_EXTRA_GROUPS
     if errors:
         raise RolloutPipeConfigError("rolloutpipe: invalid config:\n  - " + "\n  - ".join(errors))
     return PipeSettings(mode, r, k, u, int(fw), strength, rp.old_log_prob,
-                        None if bound is None else int(bound), train_unit)
+                        None if bound is None else int(bound), train_unit, filter_metric, extra)

@@ -17,6 +17,7 @@ import json
 import os
 import threading
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,53 @@ class _Rerouted:
 
     def __getattr__(self, name: str):  # noqa: ANN204
         return getattr(self._wg, name)
+
+
+class _RoundPrompts:
+    """A round's prompts by group id: the round's batch (groups 0..R-1), then -- for groups that replace filtered
+    ones -- rows of later dataloader batches, pulled only when needed (the unused rest of a pulled batch is
+    skipped, as verl's DAPO loop discards its surplus)."""
+
+    def __init__(self, trainer: RolloutPipeTrainer, batch: DataProto,
+                 more: Callable[[], DataProto | None] | None) -> None:
+        self._trainer, self._more = trainer, more
+        self.batches: list[DataProto] = []
+        self.gen_batches: list[DataProto] = []
+        self._add(batch)
+
+    def _add(self, batch: DataProto) -> None:
+        temperature = self._trainer.config.actor_rollout_ref.rollout.temperature
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        gen = self._trainer._get_gen_batch(batch)
+        gen.meta_info["temperature"] = batch.meta_info["temperature"] = temperature
+        self.batches.append(batch)
+        self.gen_batches.append(gen)
+
+    def available(self, group_id: int) -> bool:
+        """Is there a prompt for this group (pulling the next dataloader batch if needed)?"""
+        while group_id >= sum(len(b) for b in self.batches):
+            nxt = self._more() if self._more is not None else None
+            if nxt is None:
+                return False
+            self._add(nxt)
+        return True
+
+    def _locate(self, group_id: int) -> tuple[int, int]:
+        if not self.available(group_id):
+            raise PipelineInvariantError(f"no prompt for group {group_id}")
+        for i, b in enumerate(self.batches):
+            if group_id < len(b):
+                return i, group_id
+            group_id -= len(b)
+        raise AssertionError
+
+    def row(self, group_id: int) -> DataProto:
+        i, j = self._locate(group_id)
+        return self.batches[i][j : j + 1]
+
+    def gen_row(self, group_id: int) -> DataProto:
+        i, j = self._locate(group_id)
+        return self.gen_batches[i][j : j + 1]
 
 
 class RolloutPipeTrainer(RayPPOTrainer):
@@ -95,30 +143,34 @@ class RolloutPipeTrainer(RayPPOTrainer):
         if self.val_dataset is not None and self.config.trainer.get("val_before_train", False):
             logger.log(data=self._validate_and_report(), step=self.global_steps)
         self.global_steps += 1
-        done = False
-        while not done:
-            for batch_dict in self.train_dataloader:
-                metrics = self._fit_round_or_abort(DataProto.from_single_dict(batch_dict))
-                last = self.global_steps >= self.total_training_steps
-                if test_freq > 0 and (last or self.global_steps % test_freq == 0):
-                    metrics.update(self._validate_and_report())
-                logger.log(data=metrics, step=self.global_steps)
-                if self.config.trainer.save_freq > 0 and self.global_steps % self.config.trainer.save_freq == 0:
-                    self._save_checkpoint()
-                if last:
-                    done = True
-                    break
-                self.global_steps += 1
+        batches = self._prompt_batches()
+        while True:
+            metrics = self._fit_round_or_abort(next(batches), more_prompts=lambda: next(batches))
+            last = self.global_steps >= self.total_training_steps
+            if test_freq > 0 and (last or self.global_steps % test_freq == 0):
+                metrics.update(self._validate_and_report())
+            logger.log(data=metrics, step=self.global_steps)
+            if self.config.trainer.save_freq > 0 and self.global_steps % self.config.trainer.save_freq == 0:
+                self._save_checkpoint()
+            if last:
+                break
+            self.global_steps += 1
         blocks = [self.round_rewards[i : i + 10] for i in range(0, len(self.round_rewards), 10)]
         tqdm.write(f"[rolloutpipe] done: {self.groups_trained_total} groups trained; mean training reward per 10 "
                    "rounds "
                    f"{[round(sum(b) / len(b), 3) for b in blocks]}; validation {self.val_scores}")
 
-    def _fit_round_or_abort(self, batch: DataProto) -> dict[str, float]:
+    def _prompt_batches(self) -> Iterator[DataProto]:
+        """The dataloader's batches, epoch after epoch (verl's StatefulDataLoader: its position is checkpointed)."""
+        while True:
+            for batch_dict in self.train_dataloader:
+                yield DataProto.from_single_dict(batch_dict)
+
+    def _fit_round_or_abort(self, batch: DataProto, more_prompts: Callable[[], DataProto] | None = None) -> dict:
         """``fit_round``; a dead worker (trainer or rollout side) becomes one message naming the round and the
         checkpoint to resume from."""
         try:
-            return self.fit_round(batch)
+            return self.fit_round(batch, more_prompts)
         except Exception as e:  # noqa: BLE001 - only a dead actor is translated; anything else is re-raised
             dead = dead_actor_error(e)
             if dead is None:
@@ -173,17 +225,16 @@ class RolloutPipeTrainer(RayPPOTrainer):
                        f"trained so far): the next round is {self.global_steps + 1}")
         return out
 
-    def fit_round(self, batch: DataProto) -> dict[str, float]:
-        """One round: stream R groups through the pipeline, publish weights v+1, return the round's metrics."""
+    def fit_round(self, batch: DataProto, more_prompts: Callable[[], DataProto | None] | None = None) -> dict:
+        """One round: stream R groups through the pipeline, publish weights v+1, return the round's metrics.
+        With dynamic sampling (``algorithm.filter_groups``), a group whose K rewards are all equal is dropped and
+        replaced by the next prompt (``more_prompts`` gives the next dataloader batch when the round's runs out)."""
         p = self.pipe
         version = self.weights_version
-        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
-        prompts = self._get_gen_batch(batch)
-        prompts.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
-        batch.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+        prompts = _RoundPrompts(self, batch, more_prompts)
 
         ledger = GroupLedger(version, p.num_groups, p.group_size, clock=self.clock,
-                             max_buffered_groups=p.max_buffered_groups)
+                             max_buffered_groups=p.max_buffered_groups, max_extra_groups=p.max_extra_groups)
         fifo = CompleteGroupFIFO(ledger, dispatch_mode_of(p.mode), p.step_groups)
         admission = make_admission(p.mode, p.frontier_width, p.fgd_strength)  # type: ignore[arg-type]
         timeline = RoundTimeline(ledger)
@@ -201,7 +252,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
             for a in admission.admit(ledger):
                 seed = None if base_seed is None else request_seed(int(base_seed), self.global_steps, a.group_id,
                                                                    p.group_size)
-                stream.submit(a.group_id, prompts[a.group_id : a.group_id + 1], a.priority, meta, seed)
+                stream.submit(a.group_id, prompts.gen_row(a.group_id), a.priority, meta, seed)
 
         def rollout_side() -> None:
             try:
@@ -215,10 +266,15 @@ class RolloutPipeTrainer(RayPPOTrainer):
                     for gid, out in stream.poll(timeout_s=0.05):
                         with lock:
                             ledger.complete_serving(gid)
-                        rows = self._materialize_group(batch[gid : gid + 1], out)
+                        rows = self._materialize_group(prompts.row(gid), out)
                         with lock:
-                            trainable[gid] = rows
-                            ledger.materialize(gid)
+                            if p.filter_metric is not None and self._no_reward_variance(rows):
+                                if not prompts.available(len(ledger.groups)):
+                                    ledger.stop_replacements()
+                                ledger.filter(gid)  # its replacement (if any) is submitted: admission sends it
+                            else:
+                                trainable[gid] = rows
+                                ledger.materialize(gid)
                             admit()
                             lock.notify_all()
                     if stream.lost:
@@ -250,7 +306,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
             if rows is None and not (p.train_unit == "groups" and d.ends_step):
                 continue
             t0 = self.clock.now()
-            out = self._train_step(rows, d.step_index) if p.train_unit == "step" else self._train_groups(rows, d)
+            whole = p.train_unit == "step" and len(d.group_ids) == p.step_groups  # else: a short last step
+            out = self._train_step(rows, d.step_index) if whole else self._train_groups(rows, d)
             if out is not None:
                 step_outputs.append(out)
             t1 = self.clock.now()
@@ -318,6 +375,20 @@ class RolloutPipeTrainer(RayPPOTrainer):
         return val
 
     # ---- rollout side: one complete group -> trainable rows ---------------------------------------------------
+    def _no_reward_variance(self, rows: DataProto) -> bool:
+        """Dynamic sampling (verl's ``algorithm.filter_groups``): all K values of the metric are equal, so GRPO
+        gives every response advantage 0 and the group would only dilute the token-mean."""
+        metric = self.pipe.filter_metric
+        if metric == "reward":
+            values = rows.batch["token_level_scores"].sum(-1).tolist()
+        elif metric in rows.non_tensor_batch:
+            values = [float(v) for v in rows.non_tensor_batch[metric]]
+        else:
+            raise PipelineInvariantError(
+                f"algorithm.filter_groups.metric={metric!r} is not among the reward function's outputs "
+                f"{sorted(rows.non_tensor_batch)}: use reward or one of those")
+        return max(values) - min(values) == 0
+
     def _materialize_group(self, prompt_row: DataProto, out: DataProto) -> DataProto:
         """Rewards, response mask, GRPO advantages (verl's code on this group alone), π_old if from the rollout."""
         rows = prompt_row.repeat(repeat_times=self.pipe.group_size, interleave=True)
@@ -403,6 +474,10 @@ class RolloutPipeTrainer(RayPPOTrainer):
         metrics.update(compute_data_metrics(batch=batch, use_critic=False))
         # responses with no token at all (the engine returned nothing): counted, trained as verl would (reward of "")
         metrics[PREFIX + "empty_responses"] = float((batch.batch["response_mask"].sum(-1) == 0).sum())
+        # trained groups whose K responses all got advantage 0 (what algorithm.filter_groups drops)
+        metrics[PREFIX + "groups_zero_advantage"] = float(sum(
+            bool(g.abs().sum() == 0) for g in batch.batch["advantages"].split(p.group_size)))
+        metrics[PREFIX + "groups_short"] = float(timeline.ledger.short_by)
         if "reward_error" in batch.non_tensor_batch:
             metrics[PREFIX + "reward_errors"] = float(np.sum(batch.non_tensor_batch["reward_error"].astype(float)))
         if p.old_log_prob == "snapshot" and "rollout_log_probs" in batch.batch.keys():
@@ -424,6 +499,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
             f"lp_diff={metrics.get(PREFIX + 'rollout_vs_trainer_logprob_diff', float('nan')):.4f} "
             + (f"reward_errors={metrics[PREFIX + 'reward_errors']:.0f} " if metrics.get(PREFIX + "reward_errors")
                else "")
+            + (f"filtered={m['groups_filtered']:.0f} short_by={m['groups_short']:.0f} "
+               if p.filter_metric is not None else "")
             + f"timeline={self.timeline_dir / stem}.{'png' if png else 'json'}"
         )
         return metrics

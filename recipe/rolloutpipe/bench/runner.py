@@ -62,8 +62,9 @@ def run_setting(trainer, profile: LengthProfile, num_groups: int, mode: str, ben
     spec = parse_mode_spec(mode)
     trainer.pipe = dataclasses.replace(trainer.pipe, mode=spec.mode, num_groups=num_groups,
                                        fgd_strength=spec.fgd_strength or trainer.pipe.fgd_strength,
-                                       frontier_width=spec.frontier_width or trainer.pipe.frontier_width)
-    setting_dir = f"{profile.name}_R{num_groups}/{mode.replace(':', '_').replace('/', '_w')}"
+                                       frontier_width=spec.frontier_width or trainer.pipe.frontier_width,
+                                       train_unit=spec.train_unit or trainer.pipe.train_unit)
+    setting_dir = f"{profile.name}_R{num_groups}/{mode.replace(':', '_').replace('/', '_w').replace('+', '_')}"
     trainer.timeline_dir = out_dir / "timelines" / setting_dir
     rounds = []
     total = int(bench.warmup_rounds) + int(bench.rounds)

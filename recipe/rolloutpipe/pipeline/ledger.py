@@ -177,6 +177,11 @@ class GroupLedger:
             return self._submit()
         return None
 
+    def stop_replacements(self) -> None:
+        """No more prompts to replace filtered groups with (the data ran out): later filtered groups leave the
+        round short instead."""
+        self.max_extra_groups = self.extra_groups_used
+
     def dispatch(self, group_id: int, step_index: int) -> None:
         rec = self._move(group_id, GroupState.DISPATCHED)
         rec.step_index = step_index
