@@ -196,6 +196,13 @@ class StreamingActorMixin:
             eng.lr_scheduler.load_state_dict(copy.deepcopy(sched))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def ray_node_id(self) -> str:
+        """The Ray node this rank runs on (the trainer logs how its pool is spread over nodes)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def get_weights(self) -> dict[str, torch.Tensor]:
         return self._clone_params()
 

@@ -87,7 +87,12 @@ def prepare_runtime(config: DictConfig, worker_env: dict[str, str] | None = None
 
         runtime_env = get_ppo_ray_runtime_env(config)
         runtime_env.setdefault("env_vars", {}).update(worker_env or {})
-        kwargs = {"runtime_env": runtime_env, "include_dashboard": False}
+        kwargs = {"runtime_env": runtime_env}
+        if os.environ.get("RAY_ADDRESS"):
+            # a running cluster (`ray start` on every node; trainer.nnodes=N): the nodes declare their own resources
+            ray.init(**kwargs)
+            return
+        kwargs["include_dashboard"] = False
         if on_cpu():
             # verl asks for "GPU" bundles and several CPUs per worker: advertise logical slots (docs/cpu_stack.md).
             gpus = config.trainer.nnodes * config.trainer.n_gpus_per_node

@@ -128,6 +128,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
                           experiment_name=self.config.trainer.experiment_name,
                           default_backend=self.config.trainer.logger,
                           config=OmegaConf.to_container(self.config, resolve=True))
+        nodes = self.actor_rollout_wg.ray_node_id()
+        tqdm.write(f"[rolloutpipe] trainer pool: {len(nodes)} FSDP rank(s) on {len(set(nodes))} Ray node(s)")
         if self.config.rolloutpipe.task == "verify_onpolicy":
             from .verify_onpolicy import verify_in_trainer
 

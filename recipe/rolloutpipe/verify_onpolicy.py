@@ -30,6 +30,16 @@ from verl import DataProto
 R, U = 16, 4
 
 
+def serial_order_for_dp(rows: DataProto, rows_per_step: int, dp: int) -> DataProto:
+    """verl's serial update splits the round's batch into ``dp`` contiguous chunks, one per rank, and each rank
+    then walks its chunk mini-batch by mini-batch. So that mini-batch s of every rank is that rank's share of step
+    s -- as in a one-step call, and as in the pipelined run -- the rows go rank by rank, step by step (a copy)."""
+    share = rows_per_step // dp
+    steps = len(rows) // rows_per_step
+    return rows.select_idxs([s * rows_per_step + r * share + i
+                             for r in range(dp) for s in range(steps) for i in range(share)])
+
+
 def _scalar(x):  # noqa: ANN001, ANN202 - verl reports a step's metric as a one-element list
     return x[0] if isinstance(x, list) and len(x) == 1 else x
 
@@ -53,9 +63,11 @@ def verify_in_trainer(trainer) -> dict:  # noqa: ANN001 - a RolloutPipeTrainer, 
 
     # the serial reference: same groups, same order, same start state
     wg.load_train_state("round_start")
-    serial = DataProto.concat(trained)
+    rows = DataProto.concat(trained)  # the round in training order
+    rows_per_step = U * trainer.pipe.group_size
+    serial = serial_order_for_dp(rows, rows_per_step, wg.world_size)
     pipe_old = serial.batch.pop("old_log_probs")
-    rows = serial.slice(0, len(serial))  # without π_old, for the replay
+    rows.batch.pop("old_log_probs")  # the replay computes its own
     serial.meta_info["global_token_num"] = serial.batch["attention_mask"].sum(dim=-1).tolist()
     old, _ = trainer._compute_old_log_prob(serial)
     old.batch.pop("entropys")
@@ -83,7 +95,7 @@ def verify_in_trainer(trainer) -> dict:  # noqa: ANN001 - a RolloutPipeTrainer, 
         "verl_grad_norm_per_step": [_scalar(o.meta_info["metrics"].get("actor/grad_norm")) for o in step_outputs],
         "groups_with_reward_variance_per_step": [
             sum(bool(g.abs().sum() > 0) for g in step.split(trainer.pipe.group_size))
-            for step in serial.batch["advantages"].split(U * trainer.pipe.group_size)],
+            for step in rows.batch["advantages"].split(rows_per_step)],
         "R": R, "U": U, "K": trainer.pipe.group_size, "optimizer_steps": len(pipe_grads),
         "train_unit": trainer.pipe.train_unit, "calls_per_step": trainer.last_round_calls,
     }

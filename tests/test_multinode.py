@@ -1,0 +1,20 @@
+"""``trainer.nnodes=2`` through Ray: a two-node Ray cluster on this machine (Ray's own ``ray.cluster_utils.Cluster``:
+two raylets, one logical device each), the recipe launched against it with ``RAY_ADDRESS`` as on a real cluster.
+verl places one trainer placement group per node, so the two FSDP2 ranks (gloo) run on different Ray nodes; the
+on-policy equivalence check then runs with data parallelism 2 across them."""
+
+from __future__ import annotations
+
+from ray.cluster_utils import Cluster
+
+
+def test_streaming_round_on_two_ray_nodes_equals_the_serial_round(tmp_path, verify_onpolicy):
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 8, "num_gpus": 1})
+    cluster.add_node(num_cpus=8, num_gpus=1)
+    try:
+        # train_unit=groups: single groups split over the two ranks, the token-mean divisor all-reduced across them
+        _, log = verify_onpolicy(tmp_path, "groups", "trainer.nnodes=2", "trainer.n_gpus_per_node=1",
+                                 ray_address=cluster.address)
+    finally:
+        cluster.shutdown()
+    assert "[rolloutpipe] trainer pool: 2 FSDP rank(s) on 2 Ray node(s)" in log, log[-3000:]
