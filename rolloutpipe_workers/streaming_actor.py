@@ -116,7 +116,7 @@ class StreamingActorMixin:
         if tokens is None:
             raise RuntimeError("optimizer_step without accumulate")
         with eng.train_mode():
-            if self.config.actor.loss_agg_mode == "token-mean":
+            if self._token_mean:
                 self._scale_grads(1.0 / tokens)
             grad_norm = eng.optimizer_step()
             lr = eng.lr_scheduler_step()
@@ -128,6 +128,11 @@ class StreamingActorMixin:
         if getattr(self, "_rp_step_tokens", None) is not None:
             raise RuntimeError("end_round with gradients accumulated but no optimizer step taken")
         self._rp_snapshot = None
+
+    @property
+    def _token_mean(self) -> bool:
+        """verl normalises this loss per call by its tokens (the other modes by the step's U*K sequences)."""
+        return self.config.actor.loss_agg_mode == "token-mean"
 
     def _scale_grads(self, factor: float) -> None:
         with torch.no_grad():
@@ -142,7 +147,6 @@ class StreamingActorMixin:
         from verl.utils import tensordict_utils as tu
 
         eng = self.actor.engine
-        token_mean = self.config.actor.loss_agg_mode == "token-mean"
         verl_fb = eng.forward_backward_batch
         saved = {k: eng.__dict__[k] for k in ("optimizer_zero_grad", "optimizer_step", "lr_scheduler_step",
                                               "forward_backward_batch") if k in eng.__dict__}
@@ -153,11 +157,11 @@ class StreamingActorMixin:
             # the tokens verl will divide this call's token-mean loss by (the same all-reduced count)
             count = data["loss_mask"].sum().to(torch.float64)
             torch.distributed.all_reduce(count, group=eng.get_data_parallel_group())
-            n = float(count) if token_mean else 1.0
+            n = float(count) if self._token_mean else 1.0
             self._scale_grads(1.0 / n)  # (sum so far) / n + this call's mean ...
             out = verl_fb(data, loss_function, forward_only=forward_only)
             used = tu.get(data, key="batch_num_tokens")
-            if token_mean and float(used) != n:  # verl changed how it normalises: the fix would be wrong
+            if self._token_mean and float(used) != n:  # verl changed how it normalises: the fix would be wrong
                 raise RuntimeError(f"accumulate: verl normalised by {used} tokens, expected {n}")
             self._scale_grads(n)  # ... times n: the token sum of every call so far
             self._rp_step_tokens += float(count)

@@ -205,6 +205,7 @@ def test_resend_only_while_generating():
     ledger.consume(d.group_ids, trainer_version=0)
     assert ledger.groups_resent == 1 and ledger.group(0).times["resent_1"] == 1.0
     assert timeline.metrics()[PREFIX + "groups_resent"] == 1.0
+    assert timeline.calls_per_step() == [1]
 
 
 def test_stop_replacements_ends_the_round_short():

@@ -50,21 +50,29 @@ DIED = re.compile(r"rolloutpipe: a worker died during round (\d+) .*?Last checkp
                   r"\(trainer.resume_mode=auto\) to restart round (\d+) from it")
 
 
-def _kill_after_checkpoint(cmd: list[str], ckpt_dir: Path, step: int, title: str) -> tuple[str, re.Match]:
-    """Start ``cmd``; SIGKILL every process titled ``title`` once checkpoint ``step`` is complete; the run must
-    stop with the worker-died message."""
+def _run_killing_after_checkpoint(cmd: list[str], ckpt_dir: Path, step: int, title: str,
+                                  first_only: bool = False) -> tuple[int, str, list[int]]:
+    """Start ``cmd``; once checkpoint ``step`` is complete, SIGKILL the processes titled ``title`` (or only the
+    first of them); return the exit code, the log and the processes found."""
     tracker = ckpt_dir / "latest_checkpointed_iteration.txt"
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     deadline = time.monotonic() + 600
     while not (tracker.exists() and tracker.read_text().strip() == str(step)):
         assert proc.poll() is None and time.monotonic() < deadline, f"the run ended before checkpoint {step}"
         time.sleep(0.05)
-    victims = _pids(title)
-    assert victims, f"no {title} process found"
-    for pid in victims:
+    found = _pids(title)
+    assert found, f"no {title} process found"
+    for pid in found[:1] if first_only else found:
         os.kill(pid, signal.SIGKILL)
-    log = proc.communicate(timeout=600)[0]
-    assert proc.returncode != 0
+    log = proc.communicate(timeout=900)[0]
+    return proc.returncode, log, found
+
+
+def _kill_after_checkpoint(cmd: list[str], ckpt_dir: Path, step: int, title: str) -> tuple[str, re.Match]:
+    """SIGKILL every process titled ``title`` once checkpoint ``step`` is complete; the run must stop with the
+    worker-died message."""
+    returncode, log, _ = _run_killing_after_checkpoint(cmd, ckpt_dir, step, title)
+    assert returncode != 0
     died = DIED.search(log)
     assert died, log[-4000:]
     return log, died
@@ -119,17 +127,10 @@ def test_killed_rollout_replica_fails_over_to_the_survivor(tmp_path):
            "trainer.val_before_train=false", "trainer.test_freq=-1", "rolloutpipe.stall_timeout_s=120",
            f"trainer.default_local_dir={tmp_path}/d", f"rolloutpipe.timeline_dir={tmp_path}/tl",
            f"hydra.run.dir={tmp_path}/hydra"]
-    tracker = tmp_path / "d" / "latest_checkpointed_iteration.txt"
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    deadline = time.monotonic() + 600
-    while not (tracker.exists() and tracker.read_text().strip() == "1"):
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before checkpoint 1"
-        time.sleep(0.05)
-    servers = _pids("ray::vLLMHttpServer")
+    returncode, log, servers = _run_killing_after_checkpoint(cmd, tmp_path / "d", 1, "ray::vLLMHttpServer",
+                                                             first_only=True)
     assert len(servers) == 2, servers
-    os.kill(servers[0], signal.SIGKILL)
-    log = proc.communicate(timeout=900)[0]
-    assert proc.returncode == 0, log[-6000:]
+    assert returncode == 0, log[-6000:]
 
     died = re.search(r"rollout replica\(s\) \[(.+?)\] died in round (\d+): .*?; 1 of 2 left", log)
     assert died, log[-4000:]

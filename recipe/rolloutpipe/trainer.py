@@ -18,6 +18,7 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -290,7 +291,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         bar = tqdm(total=p.num_groups, desc=f"round {self.global_steps} [{p.mode}] consumed", unit="group",
                    leave=False)
         roller.start()
-        step_outputs, trained, calls = [], [], [0] * (p.num_groups // p.step_groups)
+        step_outputs, trained = [], []
         while True:
             with lock:
                 while True:
@@ -318,7 +319,6 @@ class RolloutPipeTrainer(RayPPOTrainer):
                 ledger.consume(d.group_ids, trainer_version=self.weights_version)
             if rows is not None:
                 trained.append(rows)
-                calls[d.step_index] += 1
             bar.update(len(d.group_ids))
         roller.join()
         bar.close()
@@ -334,7 +334,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         self.weights_version += 1
         self.groups_trained_total += sum(len(rows) for rows in trained) // p.group_size
         self.last_round = (trained, step_outputs)
-        self.last_round_calls = calls  # trainer calls per optimizer step
+        self.last_round_calls = timeline.calls_per_step()
         return self._round_metrics(timeline, trained, step_outputs)
 
     # ---- rollout replicas that die mid-round (disaggregated layout) ---------------------------------------------
@@ -419,16 +419,22 @@ class RolloutPipeTrainer(RayPPOTrainer):
         return rows
 
     # ---- trainer side: one optimizer step on U complete groups ------------------------------------------------
+    @contextmanager
+    def _routed(self, method: str, to: str) -> Iterator[None]:
+        """verl's trainer code inside calls the streaming worker's ``to`` where it calls ``method``."""
+        live = self.actor_rollout_wg
+        self.actor_rollout_wg = _Rerouted(live, method, to)
+        try:
+            yield
+        finally:
+            self.actor_rollout_wg = live
+
     def _old_log_probs(self, rows: DataProto, step_index: int) -> DataProto:
         """π_old = weights v. Before the round's first optimizer step the live weights are v; after it, the
         snapshot of v answers (exact, equal to the serial run)."""
-        live = self.actor_rollout_wg
-        weights = "compute_log_prob_live" if step_index == 0 else "compute_log_prob_snapshot"
-        self.actor_rollout_wg = _Rerouted(live, "compute_log_prob", to=weights)
-        try:
+        with self._routed("compute_log_prob", "compute_log_prob_live" if step_index == 0 else
+                          "compute_log_prob_snapshot"):
             old, _ = self._compute_old_log_prob(rows)
-        finally:
-            self.actor_rollout_wg = live
         old.batch.pop("entropys")
         return old
 
@@ -447,12 +453,9 @@ class RolloutPipeTrainer(RayPPOTrainer):
         worker's ``accumulate``); the optimizer steps when the dispatch closes the step. Returns the step's metrics
         then, else None."""
         if rows is not None:
-            live = self.actor_rollout_wg
-            self.actor_rollout_wg = _Rerouted(live, "update_actor", to="accumulate")
-            try:
-                self._step_metrics.append(self._update_actor(self._with_old_log_probs(rows, d.step_index)))
-            finally:
-                self.actor_rollout_wg = live
+            rows = self._with_old_log_probs(rows, d.step_index)
+            with self._routed("update_actor", "accumulate"):
+                self._step_metrics.append(self._update_actor(rows))
         if not d.ends_step:
             return None
         calls, self._step_metrics = self._step_metrics, []

@@ -40,6 +40,11 @@ def serial_order_for_dp(rows: DataProto, rows_per_step: int, dp: int) -> DataPro
                              for r in range(dp) for s in range(steps) for i in range(share)])
 
 
+def _max_abs_diff(a: dict, b: dict) -> float:
+    """Largest elementwise difference between two name -> tensor dicts (weights or one step's gradients)."""
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
 def _scalar(x):  # noqa: ANN001, ANN202 - verl reports a step's metric as a one-element list
     return x[0] if isinstance(x, list) and len(x) == 1 else x
 
@@ -82,16 +87,15 @@ def verify_in_trainer(trainer) -> dict:  # noqa: ANN001 - a RolloutPipeTrainer, 
     assert len(pipe_grads) == len(serial_grads) == R // U, (len(pipe_grads), len(serial_grads))
     norm = lambda g: math.sqrt(sum(float(t.double().pow(2).sum()) for t in g.values()))  # noqa: E731
     result = {
-        "max_abs_weight_diff": max(float((pipe_weights[k] - serial_weights[k]).abs().max()) for k in pipe_weights),
-        "max_abs_grad_diff": max(float((p[k] - s[k]).abs().max()) for p, s in zip(pipe_grads, serial_grads, strict=True)
-                                 for k in p),
+        "max_abs_weight_diff": _max_abs_diff(pipe_weights, serial_weights),
+        "max_abs_grad_diff": max(_max_abs_diff(p, s) for p, s in zip(pipe_grads, serial_grads, strict=True)),
         "grad_norms_pipelined": [norm(g) for g in pipe_grads],
         "grad_norms_serial": [norm(g) for g in serial_grads],
         "max_abs_old_logprob_diff": _masked_max_abs(pipe_old, serial.batch["old_log_probs"], mask),
         "rollout_vs_snapshot_logprob_gap": _masked_max_abs(serial.batch["rollout_log_probs"], pipe_old, mask),
         "rollout_vs_snapshot_logprob_mean_gap": float(((serial.batch["rollout_log_probs"] - pipe_old).abs() * mask)
                                                       .sum() / mask.sum()),
-        "weights_moved": max(float((pipe_weights[k] - w).abs().max()) for k, w in start_weights.items()),
+        "weights_moved": _max_abs_diff(pipe_weights, start_weights),
         "verl_grad_norm_per_step": [_scalar(o.meta_info["metrics"].get("actor/grad_norm")) for o in step_outputs],
         "groups_with_reward_variance_per_step": [
             sum(bool(g.abs().sum() > 0) for g in step.split(trainer.pipe.group_size))
@@ -101,10 +105,9 @@ def verify_in_trainer(trainer) -> dict:  # noqa: ANN001 - a RolloutPipeTrainer, 
     }
     if replay is not None:
         weights, grads = replay
-        result["max_abs_weight_diff_one_group_per_call"] = max(
-            float((weights[k] - serial_weights[k]).abs().max()) for k in weights)
+        result["max_abs_weight_diff_one_group_per_call"] = _max_abs_diff(weights, serial_weights)
         result["max_abs_grad_diff_one_group_per_call"] = max(
-            float((p[k] - s[k]).abs().max()) for p, s in zip(grads, serial_grads, strict=True) for k in p)
+            _max_abs_diff(p, s) for p, s in zip(grads, serial_grads, strict=True))
     out = trainer.config.rolloutpipe.verify_out
     if out:
         Path(out).write_text(json.dumps(result, indent=1))
@@ -121,8 +124,8 @@ def _replay_one_group_per_call(trainer, rows: DataProto) -> tuple[dict, list[dic
     wg.load_train_state("round_start")
     wg.begin_round(snapshot=True)
     for g in range(len(rows) // k):
-        step, last = divmod(g, U)[0], g % U == U - 1
-        trainer._train_groups(rows.slice(g * k, (g + 1) * k), Dispatch((g,), step, ends_step=last, version=0))
+        trainer._train_groups(rows.slice(g * k, (g + 1) * k),
+                              Dispatch((g,), g // U, ends_step=g % U == U - 1, version=0))
     wg.end_round()
     return wg.get_weights()[0], wg.pop_step_grads()[0]
 

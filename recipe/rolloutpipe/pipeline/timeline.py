@@ -47,6 +47,11 @@ class RoundTimeline:
             raise ValueError(f"trainer interval ends before it starts: {start} > {end}")
         self.intervals.append(TrainerInterval(start, end, step_index, tuple(group_ids), kind))
 
+    def calls_per_step(self) -> list[int]:
+        """Trainer calls that trained groups, per optimizer step (1 each when a step is trained in one call)."""
+        steps = [iv.step_index for iv in self.intervals if iv.kind == "train" and iv.group_ids]
+        return [steps.count(s) for s in range(max(steps) + 1)] if steps else []
+
     def published(self, start: float, end: float) -> None:
         self.publish = (start, end)
 
