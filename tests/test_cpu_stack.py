@@ -39,14 +39,42 @@ def embedded() -> Path:
     return ensure_default()
 
 
+def test_every_machine_trains_the_shipped_default(embedded, tmp_path, monkeypatch):
+    """The default is not rebuilt (a rebuild on another CPU type gives another warm start): it ships in the repo,
+    byte for byte what its manifest says, and is what a run resolves to, with an empty cache too."""
+    from recipe.rolloutpipe import prepare
+
+    monkeypatch.setenv("ROLLOUTPIPE_CACHE", str(tmp_path))
+    assert embedded == prepare.SHIPPED == prepare.ensure_default()
+    assert not any(tmp_path.iterdir())  # nothing was built
+    sums = prepare.read_manifest(prepare.SHIPPED)
+    assert {"model/model.safetensors", "model/tokenizer.json", "train.parquet", "val.parquet"} <= set(sums)
+    assert prepare.file_checksums(prepare.SHIPPED) == sums
+
+
+def test_prepare_rebuilds_deterministically(tmp_path):
+    """``prepare`` stays the way to rebuild the default: a small spec built twice on this machine gives the same
+    bytes (tokenizer, warm-start weights, parquet) -- seeds everywhere; only the CPU type may change them."""
+    from recipe.rolloutpipe.prepare import DefaultSpec, build, file_checksums
+
+    spec = DefaultSpec(train_prompts=64, val_prompts=16, sft_steps=20)
+    a, b = build(spec, tmp_path / "a"), build(spec, tmp_path / "b")
+    sums_a = {k: v for k, v in file_checksums(a).items() if k != "info.json"}  # info.json holds the build time
+    assert "model/model.safetensors" in sums_a and sums_a == {k: v for k, v in file_checksums(b).items()
+                                                              if k != "info.json"}
+
+
 def test_embedded_default_is_learnable(embedded):
     import json
 
     import pandas as pd
 
     info = json.loads((embedded / "info.json").read_text())
-    # GRPO learns only from groups whose K rewards differ: the warm start must leave plenty of them.
-    assert info["nonzero_variance_fraction"] >= 0.5, info
+    # GRPO learns only from groups whose K rewards differ: the warm start must leave enough of them (with R=16, a
+    # third is ~5 groups with a signal per round), and room to learn: greedy answers mostly restate the equation
+    # (scored 0, task.demonstration) -- the main job takes greedy validation 0.09 -> 0.43 (README).
+    assert info["nonzero_variance_fraction"] >= 1 / 3, info
+    assert 0.05 <= info["mean_reward"] <= 0.5 and info["greedy_reward"] <= 0.25, info
     df = pd.read_parquet(embedded / "train.parquet")
     row = df.iloc[0]
     assert {"prompt", "data_source", "reward_model", "extra_info"} <= set(df.columns)

