@@ -33,22 +33,30 @@ def _run_and_check(tmp_path: Path, train_unit: str, *overrides: str,
     assert any(n > 0 for n in v["grad_norms_pipelined"])  # something was actually learned
     assert v["weights_moved"] > 0
     assert v["rollout_vs_snapshot_logprob_gap"] > 0  # vLLM's log-probs are not the trainer's: snapshot matters
+    # the serial reference regenerated the round (same weights, same seeds, all groups at once) and scored it
+    # batch-wise: the same responses, rewards and advantages
+    assert v["responses_differing"] == 0 and v["max_abs_sampling_logprob_diff"] <= 1e-4  # measured 7.6e-6
+    assert v["max_abs_reward_diff"] == 0.0 and v["max_abs_advantage_diff"] == 0.0
+    assert v["max_abs_old_logprob_diff"] == 0.0  # measured 0.0 for both train units, 1 and 2 nodes
+    # negative control: weights published mid-round -> later groups sampled off-policy; the check must see it
+    nc = v["negative_control"]
+    assert nc["detected"] and nc["max_abs_sampling_logprob_diff"] > 1e-3, nc  # measured 5.7e-2
+    assert nc["max_abs_weight_diff"] > 10 * max(v["max_abs_weight_diff"], 1e-6), nc
     if train_unit == "step":  # one verl update per step, the serial step's exact shapes: identical numbers
         assert v["calls_per_step"] == [1, 1, 1, 1]
-        assert v["max_abs_weight_diff"] <= 1e-6 and v["max_abs_grad_diff"] <= 1e-6
-        assert v["max_abs_old_logprob_diff"] <= 1e-6
-        assert v["grad_norms_pipelined"] == pytest.approx(v["grad_norms_serial"], rel=1e-6, abs=1e-9)
+        assert v["max_abs_weight_diff"] == 0.0 and v["max_abs_grad_diff"] == 0.0  # DESIGN.md §2.3: aim for 0
+        assert v["grad_norms_pipelined"] == v["grad_norms_serial"]
         return v, log
     # groups: each step accumulated over calls of other shapes than the serial micro-batches, so the numbers
-    # agree to float32 summation order: gradients to ~1e-7 relative. AdamW divides by sqrt(v)+eps, which turns
-    # rounding noise in gradients that cancel to ~0 into updates of up to ~lr: weights agree to a small fraction of
-    # how far the round moved them, not bit for bit.
+    # agree to float32 summation order: gradients to ~1e-7 relative (measured 1.4e-7 absolute, 3e-7 one group per
+    # call, grad norms 0.3-0.95). AdamW divides by sqrt(v)+eps, which turns rounding noise in gradients that
+    # cancel to ~0 into updates of up to ~lr: weights agree to a small fraction of how far the round moved them,
+    # not bit for bit (measured 6e-8 .. 9.4e-6 across runs, 0.4-2.3 % of weights_moved).
     scale = max(v["grad_norms_serial"])  # float32 rounding is relative to the size of the gradient
     assert v["max_abs_grad_diff"] <= 2e-6 * scale and v["max_abs_grad_diff_one_group_per_call"] <= 2e-6 * scale
-    assert v["max_abs_old_logprob_diff"] <= 2e-5
-    assert v["grad_norms_pipelined"] == pytest.approx(v["grad_norms_serial"], rel=1e-5, abs=1e-8)
-    for key in ("max_abs_weight_diff", "max_abs_weight_diff_one_group_per_call"):  # measured 6e-8 .. 9e-6
-        assert v[key] <= 0.1 * v["weights_moved"], (key, v[key], v["weights_moved"])
+    assert v["grad_norms_pipelined"] == pytest.approx(v["grad_norms_serial"], rel=5e-6)  # measured <= 1e-6
+    for key in ("max_abs_weight_diff", "max_abs_weight_diff_one_group_per_call"):
+        assert v[key] <= 0.05 * v["weights_moved"], (key, v[key], v["weights_moved"])
     # (verl's per-call token-mean, without the fix, would weigh a split step's calls by 1/their tokens: off by O(grad))
     return v, log
 

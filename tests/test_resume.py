@@ -149,4 +149,4 @@ def test_killed_rollout_replica_fails_over_to_the_survivor(tmp_path):
     assert f"{rounds * 16} groups trained" in log
     # the survivor still receives every publish: its log-probs match the trainer's after the failure
     lp = [float(x) for x in re.findall(r"lp_diff=([0-9.]+)", log)]
-    assert len(lp) == rounds and max(lp) < 0.05, lp
+    assert len(lp) == rounds and max(lp) <= 1e-3, lp  # measured <= 1e-4 (test_rolloutpipe_e2e.LP_DIFF_BOUND)

@@ -395,8 +395,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
                 f"{sorted(rows.non_tensor_batch)}: use reward or one of those")
         return max(values) - min(values) == 0
 
-    def _materialize_group(self, prompt_row: DataProto, out: DataProto) -> DataProto:
-        """Rewards, response mask, GRPO advantages (verl's code on this group alone), π_old if from the rollout."""
+    def group_rows(self, prompt_row: DataProto, out: DataProto) -> DataProto:
+        """A group's K training rows: the prompt's row repeated, joined with the agent loop's K outputs."""
         rows = prompt_row.repeat(repeat_times=self.pipe.group_size, interleave=True)
         out.non_tensor_batch.pop("uid", None)  # the reward loop may drop or rewrite it: the prompt's uid wins
         for key in REQUEST_COLUMNS:
@@ -405,6 +405,11 @@ class RolloutPipeTrainer(RayPPOTrainer):
         rows = rows.union(out)
         if "response_mask" not in rows.batch.keys():
             rows.batch["response_mask"] = compute_response_mask(rows)
+        return rows
+
+    def _materialize_group(self, prompt_row: DataProto, out: DataProto) -> DataProto:
+        """Rewards, response mask, GRPO advantages (verl's code on this group alone), π_old if from the rollout."""
+        rows = self.group_rows(prompt_row, out)
         reward_tensor, extra = extract_reward(rows)
         if reward_tensor is None or not bool(reward_tensor.isfinite().all()):
             raise PipelineInvariantError(f"reward for prompt uid {rows.non_tensor_batch['uid'][0]} is not finite")
@@ -487,6 +492,11 @@ class RolloutPipeTrainer(RayPPOTrainer):
         metrics[PREFIX + "groups_zero_advantage"] = float(sum(
             bool(g.abs().sum() == 0) for g in batch.batch["advantages"].split(p.group_size)))
         metrics[PREFIX + "groups_short"] = float(timeline.ledger.short_by)
+        # mean response length of the groups of each optimizer step (rows are in training order): completion order
+        # trains short answers first, a known bias of streaming RL that the learning curves measure (curves.py)
+        lengths = batch.batch["response_mask"].sum(-1).float()
+        for s, chunk in enumerate(lengths.split(p.step_groups * p.group_size)):
+            metrics[f"{PREFIX}response_length/step{s}"] = float(chunk.mean())
         if "reward_error" in batch.non_tensor_batch:
             metrics[PREFIX + "reward_errors"] = float(np.sum(batch.non_tensor_batch["reward_error"].astype(float)))
         if p.old_log_prob == "snapshot" and "rollout_log_probs" in batch.batch.keys():

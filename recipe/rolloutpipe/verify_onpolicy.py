@@ -1,16 +1,28 @@
 """``python -m recipe.rolloutpipe.verify_onpolicy --json OUT``: prove on the real stack that a pipelined round
-trains exactly what a serial round trains (DESIGN.md §2).
+trains exactly what a serial round trains (DESIGN.md §2), and that the proof would catch an off-policy round.
 
-One round of the embedded default runs pipelined (``cgp_fgd``, U < R, ``old_log_prob: snapshot``), recording the
-gradients of every optimizer step. Then the actor is restored to the round's starting train state (weights,
-AdamW state, scheduler) and verl's serial path runs on the same groups in the same order: π_old for the whole
-round with the starting weights, then one ``update_actor`` call over the round (R/U optimizer steps). Written:
+One round of the embedded default runs pipelined (``cgp_fgd``, U < R, ``old_log_prob: snapshot``, seeded sampling),
+recording the gradients of every optimizer step. Then the serial reference runs as verl's serial trainer would,
+from the round's starting train state (weights, AdamW state, scheduler) and the same weights in vLLM: it
+**regenerates** the round -- all R groups submitted at once, each request with its seed -- computes rewards
+batch-wise from the responses (verl's ``NaiveRewardManager`` with the run's reward function) and GRPO advantages
+with verl's ``compute_advantage`` over the whole batch, then π_old for the whole round with the starting weights and
+one ``update_actor`` call over the round (R/U optimizer steps, the groups in the pipelined run's training order).
+Nothing of the pipelined run is reused but the order. Written:
 
+- ``responses_differing``: rows whose response tokens differ between the two runs (0: same policy, same seeds);
+  ``max_abs_sampling_logprob_diff``: vLLM's log-probs of the sampled tokens, on the rows with the same response;
+  ``max_abs_reward_diff``, ``max_abs_advantage_diff``: per-group (pipelined) vs batch-wise (serial);
 - ``max_abs_weight_diff``: final actor weights, pipelined vs serial;
 - ``max_abs_grad_diff`` and both runs' per-step grad norms: AdamW normalises away a wrong gradient scale, so
   equal weights alone prove little;
 - ``max_abs_old_logprob_diff``: π_old of every trained token, snapshot (pipelined) vs serial;
 - ``rollout_vs_snapshot_logprob_gap``: what ``old_log_prob: rollout`` (vLLM's log-probs) would have used instead;
+- ``negative_control``: the same round pipelined with a bug injected -- the weights after the first optimizer step
+  published to vLLM mid-round, so later groups are sampled from π_{v+1} (stale π_old, off-policy) -- checked against
+  the same serial reference: ``detected`` (some response differs, or vLLM's log-prob of a sampled token differs by
+  more than float32 rounding of another batch shape) must be true, with its ``responses_differing``,
+  ``max_abs_sampling_logprob_diff`` and ``max_abs_weight_diff``;
 - with ``rolloutpipe.train_unit=groups`` also ``max_abs_weight_diff_one_group_per_call``: the round replayed from the
   same start state through the streaming worker API with *one group per call* (U ``accumulate`` calls per
   optimizer step, π_old from the live weights / the snapshot), against the serial weights -- the case the pipelined
@@ -23,9 +35,17 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+import numpy as np
 from verl import DataProto
+from verl.trainer.ppo.ray_trainer import compute_advantage
+
+from .provenance import git_commit, machine
+from .rollout_stream import GroupRolloutStream
+from .trainer import request_seed
 
 R, U = 16, 4
 
@@ -53,26 +73,157 @@ def _masked_max_abs(a, b, mask) -> float:  # noqa: ANN001
     return float(((a - b).abs() * mask).max())
 
 
+def _max_abs_rows(a, b, rows) -> float | None:  # noqa: ANN001 - tensors; rows: a bool mask over their rows
+    return float((a[rows] - b[rows]).abs().max()) if bool(rows.any()) else None
+
+
+def _regenerate_serially(trainer, batch: DataProto, uids: list[str]) -> dict[int, DataProto]:  # noqa: ANN001
+    """The round generated again as verl's serial trainer does it -- every group at once, FCFS -- from the weights
+    vLLM holds now, each request with the seed the pipelined run gave it. Returns each group's K rows (with the
+    pipelined run's prompt uids, so rows line up)."""
+    batch.non_tensor_batch["uid"] = np.array(uids, dtype=object)
+    base = trainer.config.rolloutpipe.get("sampling_seed")
+    if base is None:
+        raise SystemExit("rolloutpipe verify_onpolicy: set rolloutpipe.sampling_seed (an int): the serial reference "
+                         "regenerates the round and must draw the same samples")
+    k = trainer.pipe.group_size
+    gen = trainer._get_gen_batch(batch)
+    gen.meta_info["temperature"] = batch.meta_info["temperature"] = trainer.config.actor_rollout_ref.rollout.temperature
+    stream = GroupRolloutStream(trainer.async_rollout_manager.agent_loop_workers, k)
+    for gid in range(len(batch)):
+        stream.submit(gid, gen[gid : gid + 1], 0, {"global_steps": trainer.global_steps},
+                      request_seed(int(base), trainer.global_steps, gid, k))
+    outs: dict[int, DataProto] = {}
+    while len(outs) < len(batch):
+        outs.update(stream.poll(timeout_s=0.1))
+        if stream.lost:
+            raise next(iter(stream.lost.values()))
+    return {gid: trainer.group_rows(batch[gid : gid + 1], out) for gid, out in outs.items()}
+
+
+def _score_batchwise(trainer, rows: DataProto) -> DataProto:  # noqa: ANN001
+    """Rewards and GRPO advantages of the whole round at once, as verl's serial trainer computes them: verl's
+    ``NaiveRewardManager`` decodes every response and calls the run's reward function; ``compute_advantage``
+    normalises within each uid over the batch."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+    from verl.workers.reward_manager.naive import NaiveRewardManager
+
+    rows.batch.pop("rm_scores")  # the agent loop's per-group scores: recomputed here, not reused
+    scorer = NaiveRewardManager(trainer.tokenizer, num_examine=0, compute_score=get_custom_reward_fn(trainer.config))
+    scores = scorer(rows)
+    rows.batch["token_level_scores"] = scores
+    rows.batch["token_level_rewards"] = scores
+    algo = trainer.config.algorithm
+    return compute_advantage(rows, adv_estimator=algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
+                             num_repeat=trainer.pipe.group_size,
+                             norm_adv_by_std_in_grpo=algo.get("norm_adv_by_std_in_grpo", True), config=algo)
+
+
+@contextmanager
+def _publishing_after_first_step(trainer) -> Iterator[None]:  # noqa: ANN001
+    """The bug the negative control injects: the trainer's weights reach vLLM right after the round's first
+    optimizer step, while later groups of the round are still to be sampled."""
+    train_step, train_groups = trainer._train_step, trainer._train_groups
+
+    def step_then_publish(rows, step_index):  # noqa: ANN001, ANN202
+        out = train_step(rows, step_index)
+        if step_index == 0:
+            trainer.checkpoint_manager.update_weights(trainer.global_steps)
+        return out
+
+    def groups_then_publish(rows, d):  # noqa: ANN001, ANN202
+        out = train_groups(rows, d)
+        if d.ends_step and d.step_index == 0:
+            trainer.checkpoint_manager.update_weights(trainer.global_steps)
+        return out
+
+    trainer._train_step, trainer._train_groups = step_then_publish, groups_then_publish
+    try:
+        yield
+    finally:
+        del trainer._train_step, trainer._train_groups  # the class's methods again
+
+
 def verify_in_trainer(trainer) -> dict:  # noqa: ANN001 - a RolloutPipeTrainer, workers started
     wg = trainer.actor_rollout_wg
     trainer.global_steps = 1
     trainer.checkpoint_manager.update_weights(0)
     wg.save_train_state("round_start")
     start_weights = wg.get_weights()[0]
+    def first_batch() -> DataProto:  # the round's prompts, fresh (a round takes columns out of its batch)
+        return DataProto.from_single_dict(next(iter(trainer.train_dataloader)))
+
+    result = _check_round(trainer, first_batch, start_weights)
+    control = _check_round(trainer, first_batch, start_weights, stale_publish=True)
+    result["negative_control"] = {
+        "injected": "weights after optimizer step 1 published to vLLM mid-round (later groups sampled from π_v+1)",
+        "responses_differing": control["responses_differing"],
+        "max_abs_weight_diff": control["max_abs_weight_diff"],
+        "max_abs_sampling_logprob_diff": control["max_abs_sampling_logprob_diff"],
+        "max_abs_grad_diff": control["max_abs_grad_diff"],
+        "detected": control["responses_differing"] > 0
+        or control["max_abs_sampling_logprob_diff"] > SAMPLING_LOGPROB_TOLERANCE,
+    }
+    result["git_commit"], result["machine"] = git_commit(), machine()
+    out = trainer.config.rolloutpipe.verify_out
+    if out:
+        Path(out).write_text(json.dumps(result, indent=1))
+    n = R * trainer.pipe.group_size
+    nc = result["negative_control"]
+    print(f"[rolloutpipe] verify_onpolicy: pipelined vs serial round: {result['responses_differing']} of {n} "
+          f"responses differ, sampling log-probs by {result['max_abs_sampling_logprob_diff']:.3g}, "
+          f"max |dw| {result['max_abs_weight_diff']:.3g}, max |dgrad| "
+          f"{result['max_abs_grad_diff']:.3g}, max |d old log-prob| {result['max_abs_old_logprob_diff']:.3g}",
+          flush=True)
+    print(f"[rolloutpipe] verify_onpolicy negative control ({nc['injected']}): "
+          + ("DETECTED" if nc["detected"] else "NOT DETECTED -- the check is blind")
+          + f": {nc['responses_differing']} of {n} responses differ, vLLM's sampling log-probs by up to "
+          f"{nc['max_abs_sampling_logprob_diff']:.3g} (same responses), max |dw| {nc['max_abs_weight_diff']:.3g}",
+          flush=True)
+    return result
+
+
+# vLLM's log-prob of a sampled token, same weights, same seed, other batch composition: measured <= 7.6e-6 (float32
+# rounding of other batch shapes); one optimizer step of difference in the weights: 5.7e-2
+SAMPLING_LOGPROB_TOLERANCE = 1e-4
+
+
+def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: dict,  # noqa: ANN001
+                 stale_publish: bool = False) -> dict:
+    """One pipelined round from the round's start state (with the off-policy bug injected if ``stale_publish``),
+    then the serial reference from the same state; what differs."""
+    wg, k = trainer.actor_rollout_wg, trainer.pipe.group_size
+    wg.load_train_state("round_start")
+    trainer.checkpoint_manager.update_weights(0)
     wg.record_step_grads(True)
-    batch = DataProto.from_single_dict(next(iter(trainer.train_dataloader)))
-    trainer.fit_round(batch)
+    batch = first_batch()
+    with _publishing_after_first_step(trainer) if stale_publish else nullcontext():
+        trainer.fit_round(batch)
     trained, step_outputs = trainer.last_round
+    calls = trainer.last_round_calls
     pipe_grads = wg.pop_step_grads()[0]
     pipe_weights = wg.get_weights()[0]
-
-    # the serial reference: same groups, same order, same start state
-    wg.load_train_state("round_start")
     rows = DataProto.concat(trained)  # the round in training order
-    rows_per_step = U * trainer.pipe.group_size
-    serial = serial_order_for_dp(rows, rows_per_step, wg.world_size)
-    pipe_old = serial.batch.pop("old_log_probs")
-    rows.batch.pop("old_log_probs")  # the replay computes its own
+
+    # the serial reference: same start state, same weights in vLLM, same seeds; the round regenerated
+    wg.load_train_state("round_start")
+    trainer.checkpoint_manager.update_weights(0)
+    uids = list(batch.non_tensor_batch["uid"])
+    order = [uids.index(u) for u in rows.non_tensor_batch["uid"][::k]]  # group ids in training order
+    regenerated = _regenerate_serially(trainer, first_batch(), uids)
+    serial = _score_batchwise(trainer, DataProto.concat([regenerated[g] for g in order]))
+    same = (serial.batch["responses"] == rows.batch["responses"]).all(-1)
+    differing = int((~same).sum())
+    # per-group (pipelined) vs batch-wise (serial) rewards and advantages, on the rows with the same response
+    reward_diff = _max_abs_rows(serial.batch["token_level_scores"], rows.batch["token_level_scores"], same)
+    advantage_diff = _max_abs_rows(serial.batch["advantages"], rows.batch["advantages"], same)
+    # vLLM's log-probs of the sampled tokens: the policy the engine sampled from, token by token
+    sampled_lp_diff = _max_abs_rows(serial.batch["rollout_log_probs"] * serial.batch["response_mask"],
+                                    rows.batch["rollout_log_probs"] * rows.batch["response_mask"], same)
+    rows_per_step = U * k
+    pipe_old = serial_order_for_dp(rows, rows_per_step, wg.world_size).batch["old_log_probs"]
+    serial = serial_order_for_dp(serial, rows_per_step, wg.world_size)
+    mask = serial.batch["response_mask"].float()
     serial.meta_info["global_token_num"] = serial.batch["attention_mask"].sum(dim=-1).tolist()
     old, _ = trainer._compute_old_log_prob(serial)
     old.batch.pop("entropys")
@@ -83,35 +234,38 @@ def verify_in_trainer(trainer) -> dict:  # noqa: ANN001 - a RolloutPipeTrainer, 
     replay = _replay_one_group_per_call(trainer, rows) if trainer.pipe.train_unit == "groups" else None
     wg.record_step_grads(False)
 
-    mask = serial.batch["response_mask"].float()
     assert len(pipe_grads) == len(serial_grads) == R // U, (len(pipe_grads), len(serial_grads))
     norm = lambda g: math.sqrt(sum(float(t.double().pow(2).sum()) for t in g.values()))  # noqa: E731
+    pipe_rollout_lp = rows.batch["rollout_log_probs"]
+    pipe_mask = rows.batch["response_mask"].float()
     result = {
+        "responses_differing": differing,
+        "max_abs_reward_diff": reward_diff,
+        "max_abs_advantage_diff": advantage_diff,
+        "max_abs_sampling_logprob_diff": sampled_lp_diff,
         "max_abs_weight_diff": _max_abs_diff(pipe_weights, serial_weights),
         "max_abs_grad_diff": max(_max_abs_diff(p, s) for p, s in zip(pipe_grads, serial_grads, strict=True)),
         "grad_norms_pipelined": [norm(g) for g in pipe_grads],
         "grad_norms_serial": [norm(g) for g in serial_grads],
-        "max_abs_old_logprob_diff": _masked_max_abs(pipe_old, serial.batch["old_log_probs"], mask),
-        "rollout_vs_snapshot_logprob_gap": _masked_max_abs(serial.batch["rollout_log_probs"], pipe_old, mask),
-        "rollout_vs_snapshot_logprob_mean_gap": float(((serial.batch["rollout_log_probs"] - pipe_old).abs() * mask)
-                                                      .sum() / mask.sum()),
+        # on differing responses π_old is of other tokens: meaningful only when none differs
+        "max_abs_old_logprob_diff": _masked_max_abs(pipe_old, serial.batch["old_log_probs"], mask)
+        if differing == 0 else None,
+        "rollout_vs_snapshot_logprob_gap": _masked_max_abs(pipe_rollout_lp, rows.batch["old_log_probs"], pipe_mask),
+        "rollout_vs_snapshot_logprob_mean_gap": float(((pipe_rollout_lp - rows.batch["old_log_probs"]).abs()
+                                                       * pipe_mask).sum() / pipe_mask.sum()),
         "weights_moved": _max_abs_diff(pipe_weights, start_weights),
         "verl_grad_norm_per_step": [_scalar(o.meta_info["metrics"].get("actor/grad_norm")) for o in step_outputs],
         "groups_with_reward_variance_per_step": [
-            sum(bool(g.abs().sum() > 0) for g in step.split(trainer.pipe.group_size))
+            sum(bool(g.abs().sum() > 0) for g in step.split(k))
             for step in rows.batch["advantages"].split(rows_per_step)],
-        "R": R, "U": U, "K": trainer.pipe.group_size, "optimizer_steps": len(pipe_grads),
-        "train_unit": trainer.pipe.train_unit, "calls_per_step": trainer.last_round_calls,
+        "R": R, "U": U, "K": k, "optimizer_steps": len(pipe_grads),
+        "train_unit": trainer.pipe.train_unit, "calls_per_step": calls,
     }
     if replay is not None:
         weights, grads = replay
         result["max_abs_weight_diff_one_group_per_call"] = _max_abs_diff(weights, serial_weights)
         result["max_abs_grad_diff_one_group_per_call"] = max(
             _max_abs_diff(p, s) for p, s in zip(grads, serial_grads, strict=True))
-    out = trainer.config.rolloutpipe.verify_out
-    if out:
-        Path(out).write_text(json.dumps(result, indent=1))
-    print("[rolloutpipe] verify_onpolicy:", json.dumps(result), flush=True)
     return result
 
 
@@ -141,14 +295,17 @@ def main(argv: list[str] | None = None) -> int:
 
     overrides = [
         "rolloutpipe.task=verify_onpolicy", f"rolloutpipe.verify_out={args.json.resolve()}",
-        "rolloutpipe.mode=cgp_fgd", "rolloutpipe.old_log_prob=snapshot", f"data.train_batch_size={R}",
+        "rolloutpipe.mode=cgp_fgd", "rolloutpipe.old_log_prob=snapshot", "rolloutpipe.sampling_seed=0",
+        f"data.train_batch_size={R}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={U}", "data.shuffle=false", *args.overrides,
     ]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose(config_name="rolloutpipe", overrides=overrides)
     run(cfg)
-    print(args.json.read_text())
-    return 0
+    result = json.loads(args.json.read_text())
+    print(json.dumps(result, indent=1))
+    # the two binary facts; the numeric tolerances are the tests' (tests/conftest.py)
+    return 0 if result["responses_differing"] == 0 and result["negative_control"]["detected"] else 1
 
 
 if __name__ == "__main__":
