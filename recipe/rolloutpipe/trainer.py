@@ -130,13 +130,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
                           experiment_name=self.config.trainer.experiment_name,
                           default_backend=self.config.trainer.logger,
                           config=OmegaConf.to_container(self.config, resolve=True))
-        nodes = self.actor_rollout_wg.ray_node_id()
-        tqdm.write(f"[rolloutpipe] trainer pool: {len(nodes)} FSDP rank(s) on {len(set(nodes))} Ray node(s)")
-        if self.config.rolloutpipe.task == "verify_onpolicy":
-            from .verify_onpolicy import verify_in_trainer
-
-            verify_in_trainer(self)
-            return
+        self.report_trainer_pool()
         self.global_steps = 0
         if self.config.rolloutpipe.layout == "disaggregated":
             self.failover = ReplicaFailover(self.llm_server_manager)
@@ -166,6 +160,10 @@ class RolloutPipeTrainer(RayPPOTrainer):
         png = write_learning_curve(self.round_rewards, self.val_scores, self.timeline_dir,
                                    title=f"{self.config.trainer.experiment_name}: {self.pipe.mode}")
         tqdm.write(f"[rolloutpipe] learning curve: {png}")
+
+    def report_trainer_pool(self) -> None:
+        nodes = self.actor_rollout_wg.ray_node_id()
+        tqdm.write(f"[rolloutpipe] trainer pool: {len(nodes)} FSDP rank(s) on {len(set(nodes))} Ray node(s)")
 
     def _prompt_batches(self) -> Iterator[DataProto]:
         """The dataloader's batches, epoch after epoch (verl's StatefulDataLoader: its position is checkpointed)."""
@@ -244,7 +242,9 @@ class RolloutPipeTrainer(RayPPOTrainer):
                              max_buffered_groups=p.max_buffered_groups, max_extra_groups=p.max_extra_groups)
         fifo = CompleteGroupFIFO(ledger, dispatch_mode_of(p.mode), p.step_groups)
         admission = make_admission(p.mode, p.frontier_width, p.fgd_strength)  # type: ignore[arg-type]
-        timeline = RoundTimeline(ledger)
+        timeline = RoundTimeline(ledger, settings={"R": p.num_groups, "K": p.group_size, "U": p.step_groups,
+                                                   "F_w": p.frontier_width, "mode": p.mode,
+                                                   "fgd_strength": p.fgd_strength, "train_unit": p.train_unit})
         lock = threading.Condition()
         trainable: dict[int, DataProto] = {}
         failure: list[BaseException] = []

@@ -40,6 +40,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
+import ray
 from verl import DataProto
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
@@ -284,6 +285,27 @@ def _replay_one_group_per_call(trainer, rows: DataProto) -> tuple[dict, list[dic
     return wg.get_weights()[0], wg.pop_step_grads()[0]
 
 
+class _Verifying:
+    """A RolloutPipe trainer whose ``fit`` is the verification (mixed in front of the layout's trainer class)."""
+
+    def fit(self) -> None:
+        self.report_trainer_pool()
+        verify_in_trainer(self)
+
+
+@ray.remote
+class VerifyTaskRunner:
+    """The recipe's task runner with the verifying trainer: the same workers and start-up as a training run."""
+
+    def run(self, config) -> None:  # noqa: ANN001
+        from .runner import run_task
+        from .trainer import DisaggregatedRolloutPipeTrainer, RolloutPipeTrainer
+
+        run_task(config, hybrid_cls=type("VerifyingTrainer", (_Verifying, RolloutPipeTrainer), {}),
+                 disaggregated_cls=type("VerifyingDisaggregatedTrainer", (_Verifying, DisaggregatedRolloutPipeTrainer),
+                                        {}))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, required=True, help="where to write the result")
@@ -294,14 +316,14 @@ def main(argv: list[str] | None = None) -> int:
     from .main import CONFIG_DIR, run
 
     overrides = [
-        "rolloutpipe.task=verify_onpolicy", f"rolloutpipe.verify_out={args.json.resolve()}",
+        f"rolloutpipe.verify_out={args.json.resolve()}",
         "rolloutpipe.mode=cgp_fgd", "rolloutpipe.old_log_prob=snapshot", "rolloutpipe.sampling_seed=0",
         f"data.train_batch_size={R}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={U}", "data.shuffle=false", *args.overrides,
     ]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose(config_name="rolloutpipe", overrides=overrides)
-    run(cfg)
+    run(cfg, task_runner_class=VerifyTaskRunner)
     result = json.loads(args.json.read_text())
     print(json.dumps(result, indent=1))
     # the two binary facts; the numeric tolerances are the tests' (tests/conftest.py)

@@ -173,7 +173,9 @@ def simulate_round(
     fifo = CompleteGroupFIFO(ledger, dispatch_mode_of(spec.mode), spec.step_groups)
     admission = make_admission(spec.mode, spec.frontier_width, spec.fgd_strength,  # type: ignore[arg-type]
                                target_running=engine.max_running)
-    timeline = RoundTimeline(ledger)
+    timeline = RoundTimeline(ledger, settings={"R": spec.num_groups, "K": spec.group_size, "U": spec.step_groups,
+                                               "F_w": spec.frontier_width, "mode": spec.mode,
+                                               "fgd_strength": spec.fgd_strength})
     eng = _Engine(engine, workload.prompt_tokens)
     arrival = iter(rng.sample(range(10**7), 10**4) if engine.fcfs_shuffle else range(10**7))
     events: list[tuple[float, int, str, object]] = []  # (time, seq, kind, payload)
