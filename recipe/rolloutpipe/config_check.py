@@ -31,7 +31,7 @@ class PipeSettings:
     max_extra_groups: int = 0  # replacements per round for filtered groups (prompts of later dataloader batches)
 
 
-def _get(cfg: DictConfig, key: str, default=None):  # noqa: ANN001, ANN202
+def _get(cfg: DictConfig, key: str, default=None):
     return OmegaConf.select(cfg, key, default=default)
 
 

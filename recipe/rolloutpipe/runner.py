@@ -11,7 +11,7 @@ from __future__ import annotations
 import ray
 
 
-def run_task(config, hybrid_cls: type | None = None, disaggregated_cls: type | None = None) -> None:  # noqa: ANN001
+def run_task(config, hybrid_cls: type | None = None, disaggregated_cls: type | None = None) -> None:
     """verl's task-runner path with RolloutPipe's trainer (``hybrid_cls`` / ``disaggregated_cls``: a subclass of
     the recipe's trainer for that layout, e.g. the on-policy verifier's) and streaming actor worker."""
     from .trainer import DisaggregatedRolloutPipeTrainer, RolloutPipeTrainer
@@ -28,7 +28,7 @@ def run_task(config, hybrid_cls: type | None = None, disaggregated_cls: type | N
     runner = v0.TaskRunner.__ray_actor_class__()
     verl_add_actor = runner.add_actor_rollout_worker
 
-    def add_actor_rollout_worker(cfg):  # noqa: ANN001, ANN202
+    def add_actor_rollout_worker(cfg):
         _, wg_cls = verl_add_actor(cfg)
         for role in list(runner.role_worker_mapping):
             if role.name.startswith("ActorRollout"):
@@ -42,11 +42,11 @@ def run_task(config, hybrid_cls: type | None = None, disaggregated_cls: type | N
 
 @ray.remote
 class RolloutPipeTaskRunner:
-    def run(self, config) -> None:  # noqa: ANN001
+    def run(self, config) -> None:
         run_task(config)
 
 
-def build_disaggregated_trainer(config, trainer_cls: type | None = None):  # noqa: ANN001, ANN201
+def build_disaggregated_trainer(config, trainer_cls: type | None = None):
     """verl's separation layout, as ``verl.experimental.one_step_off_policy.main_ppo`` builds it, with RolloutPipe's
     trainer (``trainer_cls``, default ``DisaggregatedRolloutPipeTrainer``) and actor worker (workers not started
     yet: call ``init_workers``)."""

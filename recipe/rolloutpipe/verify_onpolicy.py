@@ -66,19 +66,19 @@ def _max_abs_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-def _scalar(x):  # noqa: ANN001, ANN202 - verl reports a step's metric as a one-element list
+def _scalar(x):  # verl reports a step's metric as a one-element list
     return x[0] if isinstance(x, list) and len(x) == 1 else x
 
 
-def _masked_max_abs(a, b, mask) -> float:  # noqa: ANN001
+def _masked_max_abs(a, b, mask) -> float:
     return float(((a - b).abs() * mask).max())
 
 
-def _max_abs_rows(a, b, rows) -> float | None:  # noqa: ANN001 - tensors; rows: a bool mask over their rows
+def _max_abs_rows(a, b, rows) -> float | None:  # tensors; rows: a bool mask over their rows
     return float((a[rows] - b[rows]).abs().max()) if bool(rows.any()) else None
 
 
-def _regenerate_serially(trainer, batch: DataProto, uids: list[str]) -> dict[int, DataProto]:  # noqa: ANN001
+def _regenerate_serially(trainer, batch: DataProto, uids: list[str]) -> dict[int, DataProto]:
     """The round generated again as verl's serial trainer does it -- every group at once, FCFS -- from the weights
     vLLM holds now, each request with the seed the pipelined run gave it. Returns each group's K rows (with the
     pipelined run's prompt uids, so rows line up)."""
@@ -102,7 +102,7 @@ def _regenerate_serially(trainer, batch: DataProto, uids: list[str]) -> dict[int
     return {gid: trainer.group_rows(batch[gid : gid + 1], out) for gid, out in outs.items()}
 
 
-def _score_batchwise(trainer, rows: DataProto) -> DataProto:  # noqa: ANN001
+def _score_batchwise(trainer, rows: DataProto) -> DataProto:
     """Rewards and GRPO advantages of the whole round at once, as verl's serial trainer computes them: verl's
     ``NaiveRewardManager`` decodes every response and calls the run's reward function; ``compute_advantage``
     normalises within each uid over the batch."""
@@ -121,18 +121,18 @@ def _score_batchwise(trainer, rows: DataProto) -> DataProto:  # noqa: ANN001
 
 
 @contextmanager
-def _publishing_after_first_step(trainer) -> Iterator[None]:  # noqa: ANN001
+def _publishing_after_first_step(trainer) -> Iterator[None]:
     """The bug the negative control injects: the trainer's weights reach vLLM right after the round's first
     optimizer step, while later groups of the round are still to be sampled."""
     train_step, train_groups = trainer._train_step, trainer._train_groups
 
-    def step_then_publish(rows, step_index):  # noqa: ANN001, ANN202
+    def step_then_publish(rows, step_index):
         out = train_step(rows, step_index)
         if step_index == 0:
             trainer.checkpoint_manager.update_weights(trainer.global_steps)
         return out
 
-    def groups_then_publish(rows, d):  # noqa: ANN001, ANN202
+    def groups_then_publish(rows, d):
         out = train_groups(rows, d)
         if d.ends_step and d.step_index == 0:
             trainer.checkpoint_manager.update_weights(trainer.global_steps)
@@ -145,7 +145,7 @@ def _publishing_after_first_step(trainer) -> Iterator[None]:  # noqa: ANN001
         del trainer._train_step, trainer._train_groups  # the class's methods again
 
 
-def verify_in_trainer(trainer) -> dict:  # noqa: ANN001 - a RolloutPipeTrainer, workers started
+def verify_in_trainer(trainer) -> dict:  # a RolloutPipeTrainer, workers started
     wg = trainer.actor_rollout_wg
     trainer.global_steps = 1
     trainer.checkpoint_manager.update_weights(0)
@@ -189,7 +189,7 @@ def verify_in_trainer(trainer) -> dict:  # noqa: ANN001 - a RolloutPipeTrainer, 
 SAMPLING_LOGPROB_TOLERANCE = 1e-4
 
 
-def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: dict,  # noqa: ANN001
+def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: dict,
                  stale_publish: bool = False) -> dict:
     """One pipelined round from the round's start state (with the off-policy bug injected if ``stale_publish``),
     then the serial reference from the same state; what differs."""
@@ -199,9 +199,8 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
     wg.record_step_grads(True)
     batch = first_batch()
     with _publishing_after_first_step(trainer) if stale_publish else nullcontext():
-        trainer.fit_round(batch)
-    trained, step_outputs = trainer.last_round
-    calls = trainer.last_round_calls
+        result = trainer.fit_round(batch)
+    trained, step_outputs, calls = result.trained, result.step_outputs, result.calls_per_step
     pipe_grads = wg.pop_step_grads()[0]
     pipe_weights = wg.get_weights()[0]
     rows = DataProto.concat(trained)  # the round in training order
@@ -236,7 +235,7 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
     wg.record_step_grads(False)
 
     assert len(pipe_grads) == len(serial_grads) == R // U, (len(pipe_grads), len(serial_grads))
-    norm = lambda g: math.sqrt(sum(float(t.double().pow(2).sum()) for t in g.values()))  # noqa: E731
+    norm = lambda g: math.sqrt(sum(float(t.double().pow(2).sum()) for t in g.values()))
     pipe_rollout_lp = rows.batch["rollout_log_probs"]
     pipe_mask = rows.batch["response_mask"].float()
     result = {
@@ -270,7 +269,7 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
     return result
 
 
-def _replay_one_group_per_call(trainer, rows: DataProto) -> tuple[dict, list[dict]]:  # noqa: ANN001
+def _replay_one_group_per_call(trainer, rows: DataProto) -> tuple[dict, list[dict]]:
     """The round's groups again from the round's start state, one ``accumulate`` call per group: final weights
     and every step's gradients (before clipping)."""
     from .pipeline import Dispatch
@@ -297,7 +296,7 @@ class _Verifying:
 class VerifyTaskRunner:
     """The recipe's task runner with the verifying trainer: the same workers and start-up as a training run."""
 
-    def run(self, config) -> None:  # noqa: ANN001
+    def run(self, config) -> None:
         from .runner import run_task
         from .trainer import DisaggregatedRolloutPipeTrainer, RolloutPipeTrainer
 

@@ -21,6 +21,7 @@ from .ledger import (
     PipelineStallError,
     RoundAbortedError,
 )
+from .round import Round, RoundShape
 from .timeline import PREFIX, RoundTimeline, TrainerInterval, plot_gantt
 
 __all__ = [
@@ -41,7 +42,9 @@ __all__ = [
     "MonotonicClock",
     "PipelineInvariantError",
     "PipelineStallError",
+    "Round",
     "RoundAbortedError",
+    "RoundShape",
     "RoundTimeline",
     "TrainerInterval",
     "dispatch_mode_of",

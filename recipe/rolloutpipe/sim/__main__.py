@@ -54,7 +54,7 @@ def what_if(out_dir: Path, workload: str = "OlyPhys") -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     res: dict = {}
 
-    def sweep(name: str, xs: list, build, xlabel: str) -> None:  # noqa: ANN001 - build(x, mode, strength) -> args
+    def sweep(name: str, xs: list, build, xlabel: str) -> None:  # build(x, mode, strength) -> args
         rows = {f"{m}/{s}": [_end(*build(x, m, s)) for x in xs] for m, s in MODES_ALL}
         res[name] = {"x": xs, **rows}
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -73,7 +73,7 @@ def what_if(out_dir: Path, workload: str = "OlyPhys") -> dict:
         plt.close(fig)
 
     # 10 GPUs split between rollout (r) and training (10 - r); speeds scale linearly from the paper's 2:8 split
-    def split(r, m, s):  # noqa: ANN001, ANN202
+    def split(r, m, s):
         eng = replace(ENGINE, step_base_s=ENGINE.step_base_s * 2 / r, step_per_seq_s=ENGINE.step_per_seq_s * 2 / r,
                       max_running=ENGINE.max_running * r // 2, kv_tokens=ENGINE.kv_tokens * r // 2)
         tr = replace(TRAINER, per_group_s=TRAINER.per_group_s * 8 / (10 - r))
