@@ -27,6 +27,7 @@ from .clock import Clock, MonotonicClock
 from .fifo import CompleteGroupFIFO, Dispatch, dispatch_mode_of
 from .frontier import Admission, make_admission
 from .ledger import GroupLedger
+from .modes import FgdStrength, Mode
 from .timeline import RoundTimeline
 
 
@@ -37,9 +38,9 @@ class RoundShape:
     num_groups: int  # R
     group_size: int  # K
     step_groups: int  # U: groups per optimizer step
-    mode: str = "cgp_fgd"  # sync | cgp | cgp_fgd | cgp_fgd_adaptive
+    mode: str = Mode.CGP_FGD
     frontier_width: int | None = None  # F_w; None = U
-    fgd_strength: str = "hold"  # hold | priority
+    fgd_strength: str = FgdStrength.HOLD
     max_buffered_groups: int | None = None  # bound on groups between admission and consumption (back-pressure)
     max_extra_groups: int = 0  # replacements for filtered groups (dynamic sampling)
     target_running: int | None = None  # cgp_fgd_adaptive: the engine's running slots to keep full
@@ -51,7 +52,7 @@ class RoundShape:
     def settings(self) -> dict[str, Any]:
         """What the round's timeline records (and ``sim --from-run`` replays)."""
         return {"R": self.num_groups, "K": self.group_size, "U": self.step_groups, "F_w": self.width,
-                "mode": self.mode, "fgd_strength": self.fgd_strength}
+                "mode": str(self.mode), "fgd_strength": str(self.fgd_strength)}
 
 
 class Round:
