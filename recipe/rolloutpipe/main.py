@@ -11,7 +11,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "config")
+# inside the recipe, so it travels with recipe/rolloutpipe/ into another recipe tree (the repo's config/ links here)
+CONFIG_DIR = str(Path(__file__).resolve().parent / "config")
 
 # verl imports every training engine it knows and warns once per process for each one that is not installed: five
 # UserWarnings at every start (and in every Ray worker) that no user of this recipe can act on -- it trains with

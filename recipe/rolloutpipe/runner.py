@@ -52,9 +52,11 @@ def build_disaggregated_trainer(config, trainer_cls: type | None = None):
     yet: call ``init_workers``)."""
     from omegaconf import OmegaConf
     from verl.experimental.separation.utils import create_resource_pool_manager, create_role_worker_mapping
-    from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
+    from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler, need_critic, need_reference_policy
     from verl.utils import hf_processor, hf_tokenizer
+    from verl.utils.config import validate_config
     from verl.utils.dataset.rl_dataset import collate_fn
+    from verl.utils.fs import copy_to_local
 
     from rolloutpipe_workers.streaming_actor import StreamingDetachActorWorker
 
@@ -66,10 +68,17 @@ def build_disaggregated_trainer(config, trainer_cls: type | None = None):
     for role in list(mapping):
         if role.name == "Actor":
             mapping[role] = ray.remote(StreamingDetachActorWorker)
-    path = config.actor_rollout_ref.model.path
-    tokenizer, processor = hf_tokenizer(path), hf_processor(path, use_fast=True)
-    train = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor)
-    val = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor)
+    # what verl's own task runner (one_step_off_policy.main_ppo) does before it builds a trainer
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    path = copy_to_local(config.actor_rollout_ref.model.path,
+                         use_shm=config.actor_rollout_ref.model.get("use_shm", False))
+    trust = config.data.get("trust_remote_code", False)
+    tokenizer = hf_tokenizer(path, trust_remote_code=trust)
+    processor = hf_processor(path, trust_remote_code=trust, use_fast=True)
+    train = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor,
+                              max_samples=config.data.get("train_max_samples", -1))
+    val = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor,
+                            max_samples=config.data.get("val_max_samples", -1))
     return trainer_cls(
         config=config, tokenizer=tokenizer, processor=processor, role_worker_mapping=mapping,
         resource_pool_manager=create_resource_pool_manager(config, mapping.keys()), ray_worker_group_cls=wg_cls,
