@@ -76,6 +76,14 @@ def test_the_recipe_has_no_import_cycle():
     assert cycle is None, " -> ".join(cycle)
 
 
+def test_the_simulator_needs_nothing_from_the_bench():
+    """What both need (mode strings, workloads) lives below both."""
+    graph = import_graph(project_modules())
+    sim_to_bench = {(m, t) for m, ts in graph.items() if m.startswith("recipe.rolloutpipe.sim")
+                    for t in ts if t.startswith("recipe.rolloutpipe.bench")}
+    assert sim_to_bench == set()
+
+
 def test_the_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None

@@ -14,9 +14,9 @@ import numpy as np
 import ray
 from tqdm import tqdm
 
+from ..pipeline.modes import parse_mode_spec
+from ..workloads import LengthProfile, describe, round_lengths
 from .agent_loop import AGENT_NAME, LENGTHS_COLUMN
-from .modes import parse_mode_spec
-from .workloads import LengthProfile, describe, round_lengths
 
 START_STATE = "bench_start"
 
