@@ -11,6 +11,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from .logs import get_logger
+
+logger = get_logger("recipe.rolloutpipe.main")  # named: this module runs as __main__
 # inside the recipe, so it travels with recipe/rolloutpipe/ into another recipe tree (the repo's config/ links here)
 CONFIG_DIR = str(Path(__file__).resolve().parent / "config")
 
@@ -85,7 +88,7 @@ def prepare_runtime(config: DictConfig, worker_env: dict[str, str] | None = None
         from .data_check import DataCheckError, check_data, summary
 
         try:
-            print(summary(check_data(config, config.rolloutpipe.data_check.clean_dir)), flush=True)
+            logger.info(summary(check_data(config, config.rolloutpipe.data_check.clean_dir)))
         except DataCheckError as e:
             raise SystemExit(str(e)) from None
     import ray

@@ -34,6 +34,7 @@ from verl.utils.profiler import marked_timer
 from .config_check import PipeSettings, validate
 from .failover import NoRolloutReplicaLeftError, ReplicaFailover, dead_actor_error
 from .learning_curve import write_learning_curve
+from .logs import get_logger
 from .pipeline import (
     PREFIX,
     Dispatch,
@@ -46,6 +47,8 @@ from .pipeline import (
 )
 from .rollout_stream import REQUEST_COLUMNS, GroupRolloutStream
 from .round_metrics import merge_metric_lists, round_line, round_metrics
+
+logger = get_logger(__name__)
 
 
 class _Rerouted:
@@ -181,16 +184,16 @@ class RolloutPipeTrainer(RayPPOTrainer):
                 break
             self.global_steps += 1
         blocks = [self.round_rewards[i : i + 10] for i in range(0, len(self.round_rewards), 10)]
-        tqdm.write(f"[rolloutpipe] done: {self.groups_trained_total} groups trained; mean training reward per 10 "
+        logger.info(f"[rolloutpipe] done: {self.groups_trained_total} groups trained; mean training reward per 10 "
                    "rounds "
                    f"{[round(sum(b) / len(b), 3) for b in blocks]}; validation {self.val_scores}")
         png = write_learning_curve(self.round_rewards, self.val_scores, self.timeline_dir,
                                    title=f"{self.config.trainer.experiment_name}: {self.pipe.mode}")
-        tqdm.write(f"[rolloutpipe] learning curve: {png}")
+        logger.info(f"[rolloutpipe] learning curve: {png}")
 
     def report_trainer_pool(self) -> None:
         nodes = self.actor_rollout_wg.ray_node_id()
-        tqdm.write(f"[rolloutpipe] trainer pool: {len(nodes)} FSDP rank(s) on {len(set(nodes))} Ray node(s)")
+        logger.info(f"[rolloutpipe] trainer pool: {len(nodes)} FSDP rank(s) on {len(set(nodes))} Ray node(s)")
 
     def _prompt_batches(self) -> Iterator[DataProto]:
         """The dataloader's batches, epoch after epoch (verl's StatefulDataLoader: its position is checkpointed)."""
@@ -254,7 +257,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
                 self.groups_trained_total = state["groups_trained_total"]
                 self.round_rewards = list(state["round_rewards"])
                 self.val_scores = [tuple(v) for v in state["val_scores"]]
-            tqdm.write(f"[rolloutpipe] resumed after round {self.global_steps} ({self.groups_trained_total} groups "
+            logger.info(f"[rolloutpipe] resumed after round {self.global_steps} ({self.groups_trained_total} groups "
                        f"trained so far): the next round is {self.global_steps + 1}")
         return out
 
@@ -362,7 +365,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
     def _drop_dead_replicas(self, cause: BaseException | None) -> None:
         dropped = self.failover.drop_dead()
         if dropped:
-            tqdm.write(f"[rolloutpipe] rollout replica(s) {dropped} died in round {self.global_steps}: removed from "
+            logger.info(f"[rolloutpipe] rollout replica(s) {dropped} died in round {self.global_steps}: removed from "
                        f"request routing and weight publication; {self.failover.alive} of {self.failover.started} "
                        "left")
         if not self.failover.alive:
@@ -382,7 +385,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         run.rnd.resend(lost)
         for gid in lost:
             run.stream.resend(gid)
-        tqdm.write(f"[rolloutpipe] round {self.global_steps}: groups {lost} lost with a dead rollout replica, re-sent "
+        logger.info(f"[rolloutpipe] round {self.global_steps}: groups {lost} lost with a dead rollout replica, re-sent "
                    f"to the {self.failover.alive} surviving replica(s)")
 
     def _validate_and_report(self) -> dict:
@@ -391,7 +394,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         score = {k: v for k, v in val.items() if k.endswith("/reward/mean@1") or "acc/mean" in k}
         if score:
             self.val_scores.append((self.global_steps, round(float(next(iter(score.values()))), 3)))
-        tqdm.write(f"[rolloutpipe] validation after round {self.global_steps}: "
+        logger.info(f"[rolloutpipe] validation after round {self.global_steps}: "
                    + " ".join(f"{k}={v:.3f}" for k, v in score.items()))
         return val
 
@@ -504,7 +507,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         metrics["training/global_step"] = self.global_steps
         self.round_rewards.append(float(metrics["critic/score/mean"]))
         path = self.timeline_dir / f"{stem}.{'png' if png else 'json'}"
-        tqdm.write(round_line(self.global_steps, p, metrics, path))
+        logger.info(round_line(self.global_steps, p, metrics, path))
         return RoundResult(metrics, run.trained, run.step_outputs, timeline.calls_per_step(), timeline,
                            self.timeline_dir / f"{stem}.json")
 

@@ -44,11 +44,13 @@ import ray
 from verl import DataProto
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
+from .logs import get_logger
 from .provenance import git_commit, machine
 from .rollout_stream import GroupRolloutStream
 from .trainer import request_seed
 
 R, U = 16, 4
+logger = get_logger("recipe.rolloutpipe.verify_onpolicy")
 
 
 def serial_order_for_dp(rows: DataProto, rows_per_step: int, dp: int) -> DataProto:
@@ -171,12 +173,12 @@ def verify_in_trainer(trainer) -> dict:  # a RolloutPipeTrainer, workers started
         Path(out).write_text(json.dumps(result, indent=1))
     n = R * trainer.pipe.group_size
     nc = result["negative_control"]
-    print(f"[rolloutpipe] verify_onpolicy: pipelined vs serial round: {result['responses_differing']} of {n} "
+    logger.info(f"[rolloutpipe] verify_onpolicy: pipelined vs serial round: {result['responses_differing']} of {n} "
           f"responses differ, sampling log-probs by {result['max_abs_sampling_logprob_diff']:.3g}, "
           f"max |dw| {result['max_abs_weight_diff']:.3g}, max |dgrad| "
           f"{result['max_abs_grad_diff']:.3g}, max |d old log-prob| {result['max_abs_old_logprob_diff']:.3g}",
           flush=True)
-    print(f"[rolloutpipe] verify_onpolicy negative control ({nc['injected']}): "
+    logger.info(f"[rolloutpipe] verify_onpolicy negative control ({nc['injected']}): "
           + ("DETECTED" if nc["detected"] else "NOT DETECTED -- the check is blind")
           + f": {nc['responses_differing']} of {n} responses differ, vLLM's sampling log-probs by up to "
           f"{nc['max_abs_sampling_logprob_diff']:.3g} (same responses), max |dw| {nc['max_abs_weight_diff']:.3g}",

@@ -14,11 +14,13 @@ import numpy as np
 import ray
 from tqdm import tqdm
 
+from ..logs import get_logger
 from ..pipeline.modes import parse_mode_spec
 from ..workloads import LengthProfile, describe, round_lengths
 from .agent_loop import AGENT_NAME, LENGTHS_COLUMN
 
 START_STATE = "bench_start"
+logger = get_logger(__name__)
 
 
 def make_round(trainer, profile: LengthProfile, round_index: int, num_groups: int, seed: int):
@@ -97,6 +99,6 @@ class BenchTaskRunner:
         plan = [(p, r, m) for p in profiles for r in bench.sizes for m in bench.modes]
         results = []
         for p, r, m in tqdm(plan, desc="bench settings", unit="setting"):
-            tqdm.write(f"[rolloutpipe bench] workload={p.name} R={r} mode={m}")
+            logger.info(f"[rolloutpipe bench] workload={p.name} R={r} mode={m}")
             results.append(run_setting(trainer, p, int(r), m, bench, out_dir))
         return {"pinned": results[-1]["pinned"] if results else {}, "results": results}
