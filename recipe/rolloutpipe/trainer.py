@@ -185,8 +185,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
             self.global_steps += 1
         blocks = [self.round_rewards[i : i + 10] for i in range(0, len(self.round_rewards), 10)]
         logger.info(f"[rolloutpipe] done: {self.groups_trained_total} groups trained; mean training reward per 10 "
-                   "rounds "
-                   f"{[round(sum(b) / len(b), 3) for b in blocks]}; validation {self.val_scores}")
+                    "rounds "
+                    f"{[round(sum(b) / len(b), 3) for b in blocks]}; validation {self.val_scores}")
         png = write_learning_curve(self.round_rewards, self.val_scores, self.timeline_dir,
                                    title=f"{self.config.trainer.experiment_name}: {self.pipe.mode}")
         logger.info(f"[rolloutpipe] learning curve: {png}")
@@ -258,7 +258,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
                 self.round_rewards = list(state["round_rewards"])
                 self.val_scores = [tuple(v) for v in state["val_scores"]]
             logger.info(f"[rolloutpipe] resumed after round {self.global_steps} ({self.groups_trained_total} groups "
-                       f"trained so far): the next round is {self.global_steps + 1}")
+                        f"trained so far): the next round is {self.global_steps + 1}")
         return out
 
     def fit_round(self, batch: DataProto, more_prompts: Callable[[], DataProto | None] | None = None, *,
@@ -366,8 +366,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
         dropped = self.failover.drop_dead()
         if dropped:
             logger.info(f"[rolloutpipe] rollout replica(s) {dropped} died in round {self.global_steps}: removed from "
-                       f"request routing and weight publication; {self.failover.alive} of {self.failover.started} "
-                       "left")
+                        f"request routing and weight publication; {self.failover.alive} of {self.failover.started} "
+                        "left")
         if not self.failover.alive:
             raise NoRolloutReplicaLeftError(f"all {self.failover.started} rollout replicas died") from cause
 
@@ -386,7 +386,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         for gid in lost:
             run.stream.resend(gid)
         logger.info(f"[rolloutpipe] round {self.global_steps}: groups {lost} lost with a dead rollout replica, re-sent "
-                   f"to the {self.failover.alive} surviving replica(s)")
+                    f"to the {self.failover.alive} surviving replica(s)")
 
     def _validate_and_report(self) -> dict:
         """verl's validation (val set, ``val_kwargs`` sampling) between rounds, when no round is in flight."""
@@ -395,7 +395,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         if score:
             self.val_scores.append((self.global_steps, round(float(next(iter(score.values()))), 3)))
         logger.info(f"[rolloutpipe] validation after round {self.global_steps}: "
-                   + " ".join(f"{k}={v:.3f}" for k, v in score.items()))
+                    + " ".join(f"{k}={v:.3f}" for k, v in score.items()))
         return val
 
     # ---- rollout side: one complete group -> trainable rows ---------------------------------------------------

@@ -173,16 +173,15 @@ def verify_in_trainer(trainer) -> dict:  # a RolloutPipeTrainer, workers started
         Path(out).write_text(json.dumps(result, indent=1))
     n = R * trainer.pipe.group_size
     nc = result["negative_control"]
+    g = lambda x: "n/a" if x is None else f"{x:.3g}"  # None: not comparable where responses differ
     logger.info(f"[rolloutpipe] verify_onpolicy: pipelined vs serial round: {result['responses_differing']} of {n} "
-          f"responses differ, sampling log-probs by {result['max_abs_sampling_logprob_diff']:.3g}, "
-          f"max |dw| {result['max_abs_weight_diff']:.3g}, max |dgrad| "
-          f"{result['max_abs_grad_diff']:.3g}, max |d old log-prob| {result['max_abs_old_logprob_diff']:.3g}",
-          flush=True)
+                f"responses differ, sampling log-probs by {g(result['max_abs_sampling_logprob_diff'])}, "
+                f"max |dw| {g(result['max_abs_weight_diff'])}, max |dgrad| {g(result['max_abs_grad_diff'])}, "
+                f"max |d old log-prob| {g(result['max_abs_old_logprob_diff'])}")
     logger.info(f"[rolloutpipe] verify_onpolicy negative control ({nc['injected']}): "
-          + ("DETECTED" if nc["detected"] else "NOT DETECTED -- the check is blind")
-          + f": {nc['responses_differing']} of {n} responses differ, vLLM's sampling log-probs by up to "
-          f"{nc['max_abs_sampling_logprob_diff']:.3g} (same responses), max |dw| {nc['max_abs_weight_diff']:.3g}",
-          flush=True)
+                + ("DETECTED" if nc["detected"] else "NOT DETECTED -- the check is blind")
+                + f": {nc['responses_differing']} of {n} responses differ, vLLM's sampling log-probs by up to "
+                f"{g(nc['max_abs_sampling_logprob_diff'])} (same responses), max |dw| {g(nc['max_abs_weight_diff'])}")
     return result
 
 
