@@ -13,7 +13,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
-SEED_COLUMN = "request_seed"
+SEED_COLUMN = "request_seed"  # the row's vLLM sampling seed (the recipe's rollout stream sets it); -1 = unseeded
 
 
 class SeededSingleTurnAgentLoop(SingleTurnAgentLoop):

@@ -23,7 +23,7 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _cuda_build(torch) -> bool:  # noqa: ANN001 - a seam for tests
+def _cuda_build(torch) -> bool:  # a seam for tests
     return torch.version.cuda is not None
 
 

@@ -48,7 +48,7 @@ class WeightMailbox:
             return self.refs
 
 
-def _mailbox():  # noqa: ANN202
+def _mailbox():
     return WeightMailbox.options(name=MAILBOX, get_if_exists=True, lifetime="detached").remote()
 
 

@@ -25,8 +25,8 @@ def _cpu_device_module() -> types.ModuleType:
     for name in dir(torch.cpu):
         if not name.startswith("__"):
             setattr(mod, name, getattr(torch.cpu, name))
-    noop = lambda *a, **k: None  # noqa: E731 - caching allocators do not exist on CPU
-    zero = lambda *a, **k: 0  # noqa: E731
+    noop = lambda *a, **k: None  # caching allocators do not exist on CPU
+    zero = lambda *a, **k: 0
     mod.empty_cache = noop
     mod.ipc_collect = noop
     mod.set_per_process_memory_fraction = noop
@@ -149,7 +149,7 @@ def patch_process_group_backend() -> None:
     if getattr(orig, "_rolloutpipe_cpu", False):
         return
 
-    def initialize_global_process_group_ray(timeout_second=None, backend=None):  # noqa: ANN001, ANN202
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
         return orig(timeout_second=timeout_second, backend=backend or "gloo")
 
     initialize_global_process_group_ray._rolloutpipe_cpu = True

@@ -55,12 +55,12 @@ class StreamingActorMixin:
 
     # ---- π_old: live weights (the round's first step) or the round-start snapshot ---------------------------------
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
-    def compute_log_prob_live(self, data):  # noqa: ANN001, ANN201 - verl TensorDict in/out
+    def compute_log_prob_live(self, data):  # verl TensorDict in/out
         """verl's ``compute_log_prob`` for a call of any number of whole groups."""
         return self._infer(data)
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
-    def compute_log_prob_snapshot(self, data):  # noqa: ANN001, ANN201 - verl TensorDict in/out
+    def compute_log_prob_snapshot(self, data):  # verl TensorDict in/out
         """Log-probs under the snapshot weights; the live weights (and pending gradients) are untouched."""
         live = self._clone_params()
         self._load_params(self._rp_snapshot)
@@ -69,12 +69,12 @@ class StreamingActorMixin:
         finally:
             self._load_params(live)
 
-    def _infer(self, data):  # noqa: ANN001, ANN202
+    def _infer(self, data):
         output = self.actor.infer_batch(
             self._fit_micro_batches(data, self.actor.engine_config.infer_micro_batch_size_per_gpu))
         return output.cpu() if output is not None else None
 
-    def _fit_micro_batches(self, data, configured: int | None):  # noqa: ANN001, ANN202
+    def _fit_micro_batches(self, data, configured: int | None):
         """A streamed call can hold fewer rows than verl's micro-batch (one group of K < micro-batch), which verl
         rejects without dynamic batch sizes: use the largest micro-batch that divides the call. The loss is
         normalised per step, not per micro-batch, so only the float summation order changes."""
@@ -94,7 +94,7 @@ class StreamingActorMixin:
         self._rp_snapshot = self._clone_params() if snapshot else None
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
-    def accumulate(self, data):  # noqa: ANN001, ANN201 - verl TensorDict in/out, as update_actor
+    def accumulate(self, data):  # verl TensorDict in/out, as update_actor
         """Forward + backward on these complete groups through verl's own training path (``train_mini_batch``),
         adding to the open step's gradients; the optimizer does not step. Returns verl's metrics of the call."""
         from verl.utils import tensordict_utils as tu
@@ -141,7 +141,7 @@ class StreamingActorMixin:
                     p.grad.mul_(factor)
 
     @contextmanager
-    def _accumulating(self):  # noqa: ANN202
+    def _accumulating(self):
         """verl's engine with the step's start/end taken out of ``train_batch``: zero the gradients only at the
         start of a step, never step the optimizer or the scheduler, and keep the gradient a token sum."""
         from verl.utils import tensordict_utils as tu
@@ -151,7 +151,7 @@ class StreamingActorMixin:
         saved = {k: eng.__dict__[k] for k in ("optimizer_zero_grad", "optimizer_step", "lr_scheduler_step",
                                               "forward_backward_batch") if k in eng.__dict__}
 
-        def forward_backward_batch(data, loss_function, forward_only=False):  # noqa: ANN001, ANN202
+        def forward_backward_batch(data, loss_function, forward_only=False):
             if forward_only:
                 return verl_fb(data, loss_function, forward_only=forward_only)
             # the tokens verl will divide this call's token-mean loss by (the same all-reduced count)
@@ -220,7 +220,7 @@ class StreamingActorMixin:
         if enable:
             verl_step = eng.optimizer_step
 
-            def optimizer_step(*args, **kwargs):  # noqa: ANN202
+            def optimizer_step(*args, **kwargs):
                 self._rp_grads.append({n: self._local(p.grad).detach().clone().cpu()
                                        for n, p in self._params().items() if p.grad is not None})
                 return verl_step(*args, **kwargs)

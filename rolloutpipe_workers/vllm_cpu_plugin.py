@@ -17,7 +17,7 @@ import torch
 _PATCHED = False
 
 
-def _keep_plain_linear(orig):  # noqa: ANN001, ANN202 - mirrors vLLM's private signature
+def _keep_plain_linear(orig):  # mirrors vLLM's private signature
     def dispatch(layer: torch.nn.Module, remove_weight: bool) -> None:
         if layer.weight.is_meta or layer.weight.ndim != 2:
             return orig(layer, remove_weight)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from recipe.rolloutpipe.bench.agent_loop import parse_lengths
-from recipe.rolloutpipe.bench.modes import ModeSpec, parse_mode_spec
 from recipe.rolloutpipe.bench.report import markdown, summarize
-from recipe.rolloutpipe.bench.workloads import LengthProfile, describe, round_lengths
+from recipe.rolloutpipe.pipeline.modes import ModeSpec, parse_mode_spec
+from recipe.rolloutpipe.workloads import LengthProfile, describe, round_lengths
 
 ROOT = Path(__file__).resolve().parents[1]
 LONGTAIL = LengthProfile.from_mapping("t", {"alpha": 1.2, "beta": 2.5, "min_frac": 0.1, "gamma": 1.0,

@@ -31,7 +31,7 @@ def broken(tmp_path_factory) -> Path:
     return path
 
 
-def _config(path: Path, **data):  # noqa: ANN202
+def _config(path: Path, **data):
     d = default_dir()
     return OmegaConf.create({
         "rolloutpipe": {"data_check": {"on_bad_row": data.pop("on_bad_row", "error")}},

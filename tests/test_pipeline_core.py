@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -13,17 +14,20 @@ from hypothesis import strategies as st
 
 from recipe.rolloutpipe.pipeline import (
     PREFIX,
-    CompleteGroupFIFO,
-    FifoAdmission,
-    FrontierAdmission,
-    GroupLedger,
     GroupState,
     ManualClock,
     PipelineInvariantError,
     PipelineStallError,
+    Round,
+    RoundShape,
     RoundTimeline,
-    make_admission,
 )
+
+
+def make_round(R: int, K: int = 1, U: int = 1, mode: str = "cgp", version: int = 0, clock: ManualClock | None = None,
+               **shape) -> Round:
+    """Every test drives the one Round the trainer and the simulator drive (its parts: .ledger .fifo .timeline)."""
+    return Round(version, RoundShape(R, K, U, mode=mode, **shape), clock or ManualClock())
 
 
 def drive_round(data, R: int, K: int, U: int, mode: str, width: int, strength: str, extra: int, filter_p: float,
@@ -31,17 +35,16 @@ def drive_round(data, R: int, K: int, U: int, mode: str, width: int, strength: s
     """Random completion order, random filtering, random trainer pulls, up to ``losses`` groups lost with a dead
     replica mid-generation and re-sent; checks invariants after every event."""
     clock = ManualClock()
-    ledger = GroupLedger(version=3, num_groups=R, group_size=K, max_extra_groups=extra, clock=clock,
-                         max_buffered_groups=limit)
-    fifo = CompleteGroupFIFO(ledger, "sync" if mode == "sync" else "cgp", U)
-    admission = make_admission(mode, width, strength)
+    rnd = make_round(R, K, U, mode, version=3, clock=clock, frontier_width=width, fgd_strength=strength,
+                     max_extra_groups=extra, max_buffered_groups=limit)
+    ledger, fifo = rnd.ledger, rnd.fifo
     in_engine: list[tuple[int, int]] = []  # (group, responses left to finish)
     consumed: list[int] = []
     steps: list[list[int]] = []
     current_step: list[int] = []
 
     def admit() -> None:
-        for a in admission.admit(ledger):
+        for a in rnd.admit():
             in_engine.extend([(a.group_id, 0)] * K)
 
     admit()
@@ -65,23 +68,23 @@ def drive_round(data, R: int, K: int, U: int, mode: str, width: int, strength: s
         if move == "lose":  # a replica dies with (some of) this group's requests: all K go again
             gid = data.draw(st.sampled_from(sorted({g for g, _ in in_engine})))
             in_engine = [r for r in in_engine if r[0] != gid]
-            ledger.resend(gid)
+            rnd.resend([gid])
             in_engine.extend([(gid, 0)] * K)
             losses -= 1
         elif move == "finish":
             i = data.draw(st.integers(0, len(in_engine) - 1))
             gid, _ = in_engine.pop(i)
-            if ledger.finish_request(gid):
+            if rnd.request_finished(gid):
                 if data.draw(st.floats(0, 1)) < filter_p:
-                    ledger.filter(gid)
+                    rnd.filtered(gid)
                 else:
-                    ledger.materialize(gid)
+                    rnd.materialized(gid)
                 admit()
         else:
-            d = fifo.take(max_groups=data.draw(st.integers(1, U + 1)))
+            d = rnd.take(whole_step=False, max_groups=data.draw(st.integers(1, U + 1)))
             assert d is not None and d.version == 3
             assert d.group_ids or (d.ends_step and current_step)  # an empty dispatch only closes an open step
-            ledger.consume(d.group_ids, trainer_version=3)
+            rnd.trained(d, clock.now(), clock.now(), trainer_version=3)
             admit()  # consumption frees buffer room
             consumed.extend(d.group_ids)
             current_step.extend(d.group_ids)
@@ -90,7 +93,7 @@ def drive_round(data, R: int, K: int, U: int, mode: str, width: int, strength: s
                 current_step = []
         counts = ledger.counts()
         assert sum(counts.values()) == len(ledger.groups)
-    return ledger, fifo, consumed, steps, current_step
+    return rnd, consumed, steps, current_step
 
 
 @settings(max_examples=150, deadline=None)
@@ -110,10 +113,9 @@ def drive_round(data, R: int, K: int, U: int, mode: str, width: int, strength: s
 def test_every_group_consumed_exactly_once(data, R, K, U, mode, width, strength, extra, filter_p, slack, losses):
     # a buffer bound of U + slack groups (sync needs the whole round: R + extra)
     limit = None if slack is None else (R + extra if mode == "sync" else U + slack)
-    ledger, fifo, consumed, steps, leftover = drive_round(data, R, K, U, mode, width, strength, extra, filter_p,
-                                                          limit, losses)
+    rnd, consumed, steps, leftover = drive_round(data, R, K, U, mode, width, strength, extra, filter_p, limit, losses)
+    ledger, fifo = rnd.ledger, rnd.fifo
     assert ledger.rollout_closed and fifo.exhausted
-    fifo.check_drained()
     assert leftover == []  # the last dispatch always closes a step
     trainable = [g.order for g in ledger.groups if g.state is GroupState.CONSUMED]
     assert sorted(consumed) == sorted(trainable)
@@ -126,156 +128,143 @@ def test_every_group_consumed_exactly_once(data, R, K, U, mode, width, strength,
     assert ledger.extra_groups_used <= extra
     if ledger.short_by:
         assert ledger.extra_groups_used == extra
-    ledger.mark_published()
+    rnd.check_publishable()  # every trainable group dispatched and consumed
 
 
 def test_sync_releases_nothing_until_round_final():
-    ledger = GroupLedger(0, num_groups=3, group_size=1, clock=ManualClock())
-    fifo = CompleteGroupFIFO(ledger, "sync", step_groups=1)
-    FifoAdmission().admit(ledger)
+    rnd = make_round(3, mode="sync")
+    rnd.admit()
     for gid in (0, 1):
-        ledger.complete_serving(gid)
-        ledger.materialize(gid)
-    assert fifo.releasable() == 0 and fifo.take() is None
-    ledger.complete_serving(2)
-    ledger.materialize(2)
-    assert fifo.releasable() == 3
+        rnd.served(gid)
+        rnd.materialized(gid)
+    assert rnd.fifo.releasable() == 0 and rnd.take() is None
+    rnd.served(2)
+    rnd.materialized(2)
+    assert rnd.fifo.releasable() == 3
 
 
 def test_cgp_releases_at_once_and_respects_step_boundaries():
-    ledger = GroupLedger(0, num_groups=4, group_size=2, clock=ManualClock())
-    fifo = CompleteGroupFIFO(ledger, "cgp", step_groups=2)
-    FifoAdmission().admit(ledger)
+    rnd = make_round(4, K=2, U=2)
+    rnd.admit()
     for gid in (2, 0, 3):
-        ledger.complete_serving(gid)
-        ledger.materialize(gid)
-    d1 = fifo.take(max_groups=1)
+        rnd.served(gid)
+        rnd.materialized(gid)
+    d1 = rnd.take(whole_step=False, max_groups=1)
     assert d1.group_ids == (2,) and d1.step_index == 0 and not d1.ends_step
-    d2 = fifo.take()  # 0 and 3 are ready but 3 belongs to step 1
+    d2 = rnd.take(whole_step=False)  # 0 and 3 are ready but 3 belongs to step 1
     assert d2.group_ids == (0,) and d2.ends_step
-    assert fifo.take(whole_step=True) is None  # step 1 needs group 1 too
-    ledger.complete_serving(1)
-    ledger.materialize(1)
-    d3 = fifo.take(whole_step=True)
+    assert rnd.take(whole_step=True) is None  # step 1 needs group 1 too
+    rnd.served(1)
+    rnd.materialized(1)
+    d3 = rnd.take(whole_step=True)
     assert d3.group_ids == (3, 1) and d3.step_index == 1 and d3.ends_step
 
 
 def test_invariants_raise():
-    ledger = GroupLedger(5, num_groups=2, group_size=1, clock=ManualClock())
-    fifo = CompleteGroupFIFO(ledger, "cgp", step_groups=1)
+    rnd = make_round(2, version=5)
     with pytest.raises(PipelineInvariantError, match="submitted -> materialized"):
-        ledger.materialize(0)
-    FifoAdmission().admit(ledger)
-    ledger.complete_serving(0)
+        rnd.materialized(0)
+    rnd.admit()
+    rnd.served(0)
     with pytest.raises(PipelineInvariantError, match="response for group 0 in state serving_complete"):
-        ledger.finish_request(0)  # a K+1-th response
-    ledger.materialize(0)
-    d = fifo.take()
+        rnd.request_finished(0)  # a K+1-th response
+    rnd.materialized(0)
+    d = rnd.take()
     with pytest.raises(PipelineInvariantError, match="off-policy"):
-        ledger.consume(d.group_ids, trainer_version=6)
+        rnd.trained(d, 0.0, 1.0, trainer_version=6)
     with pytest.raises(PipelineInvariantError, match="dispatched -> dispatched"):
-        ledger.dispatch(0, 0)
+        rnd.ledger.dispatch(0, 0)
     with pytest.raises(PipelineInvariantError, match="cannot publish"):
-        ledger.mark_published()
-    ledger.consume(d.group_ids, trainer_version=5)
+        rnd.ledger.mark_published()
+    rnd.trained(d, 0.0, 1.0, trainer_version=5)
     with pytest.raises(PipelineInvariantError, match="never dispatched"):
-        fifo.check_drained()
+        rnd.check_publishable()
 
 
 def test_resend_only_while_generating():
     clock = ManualClock()
-    ledger = GroupLedger(0, num_groups=2, group_size=2, clock=clock)
+    rnd = make_round(2, K=2, U=2, clock=clock)
     with pytest.raises(PipelineInvariantError, match="cannot be re-sent from submitted"):
-        ledger.resend(0)
-    FifoAdmission().admit(ledger)
-    assert not ledger.finish_request(0)  # one of K=2 responses, then its replica dies
+        rnd.resend([0])
+    rnd.admit()
+    assert not rnd.request_finished(0)  # one of K=2 responses, then its replica dies
     clock.advance_to(1.0)
-    ledger.resend(0)
-    assert not ledger.finish_request(0)  # the count restarted: one more response does not complete the group
-    assert ledger.finish_request(0)
+    rnd.resend([0])
+    assert not rnd.request_finished(0)  # the count restarted: one more response does not complete the group
+    assert rnd.request_finished(0)
     with pytest.raises(PipelineInvariantError, match="cannot be re-sent from serving_complete"):
-        ledger.resend(0)
-    ledger.materialize(0)
-    ledger.complete_serving(1)
-    ledger.materialize(1)
-    fifo = CompleteGroupFIFO(ledger, "cgp", step_groups=2)
-    d = fifo.take(whole_step=True)
-    timeline = RoundTimeline(ledger)
-    timeline.trainer_busy(2.0, 3.0, d.step_index, d.group_ids)
-    ledger.consume(d.group_ids, trainer_version=0)
-    assert ledger.groups_resent == 1 and ledger.group(0).times["resent_1"] == 1.0
-    assert timeline.metrics()[PREFIX + "groups_resent"] == 1.0
-    assert timeline.calls_per_step() == [1]
+        rnd.resend([0])
+    rnd.materialized(0)
+    rnd.served(1)
+    rnd.materialized(1)
+    d = rnd.take(whole_step=True)
+    rnd.trained(d, 2.0, 3.0, trainer_version=0)
+    assert rnd.ledger.groups_resent == 1 and rnd.ledger.group(0).times["resent_1"] == 1.0
+    assert rnd.timeline.metrics()[PREFIX + "groups_resent"] == 1.0
+    assert rnd.timeline.calls_per_step() == [1]
 
 
 def test_stop_replacements_ends_the_round_short():
-    ledger = GroupLedger(0, num_groups=2, group_size=1, max_extra_groups=5, clock=ManualClock())
-    FifoAdmission().admit(ledger)
-    ledger.complete_serving(0)
-    assert ledger.filter(0) is not None  # replaced by group 2
-    ledger.stop_replacements()  # no prompt left for a third extra group
-    ledger.complete_serving(1)
-    assert ledger.filter(1) is None
-    FifoAdmission().admit(ledger)
-    ledger.complete_serving(2)
-    ledger.materialize(2)
-    assert ledger.rollout_closed and ledger.short_by == 1 and ledger.extra_groups_used == 1
+    rnd = make_round(2, max_extra_groups=5)
+    rnd.admit()
+    rnd.served(0)
+    assert rnd.filtered(0)  # replaced by group 2
+    rnd.served(1)
+    assert not rnd.filtered(1, replaceable=False)  # no prompt left for a third extra group
+    rnd.admit()
+    rnd.served(2)
+    rnd.materialized(2)
+    assert rnd.rollout_closed and rnd.ledger.short_by == 1 and rnd.ledger.extra_groups_used == 1
 
 
 def test_filter_replacement_and_short_round():
-    ledger = GroupLedger(0, num_groups=2, group_size=1, max_extra_groups=1, clock=ManualClock())
-    FifoAdmission().admit(ledger)
-    ledger.complete_serving(0)
-    assert ledger.filter(0).order == 2  # the next group in data order takes its place
-    FifoAdmission().admit(ledger)
-    ledger.complete_serving(2)
-    assert ledger.filter(2) is None  # cap hit
-    ledger.complete_serving(1)
-    ledger.materialize(1)
-    assert ledger.rollout_closed and ledger.short_by == 1
+    rnd = make_round(2, max_extra_groups=1)
+    rnd.admit()
+    rnd.served(0)
+    assert rnd.filtered(0) and len(rnd.ledger.groups) == 3  # group 2, next in data order, takes its place
+    assert [a.group_id for a in rnd.admit()] == [2]
+    rnd.served(2)
+    assert not rnd.filtered(2)  # cap hit
+    rnd.served(1)
+    rnd.materialized(1)
+    assert rnd.rollout_closed and rnd.ledger.short_by == 1
 
 
 def test_hold_frontier_refills_in_order():
-    ledger = GroupLedger(0, num_groups=5, group_size=1, clock=ManualClock())
-    fgd = FrontierAdmission(width=2, strength="hold")
-    assert [a.group_id for a in fgd.admit(ledger)] == [0, 1]
-    ledger.complete_serving(1)
-    assert fgd.frontier(ledger) == [0, 2]
-    assert [(a.group_id, a.priority) for a in fgd.admit(ledger)] == [(2, 2)]
-    assert fgd.admit(ledger) == []
+    rnd = make_round(5, mode="cgp_fgd", frontier_width=2, fgd_strength="hold")
+    assert [a.group_id for a in rnd.admit()] == [0, 1]
+    rnd.served(1)
+    assert rnd.admission.frontier(rnd.ledger) == [0, 2]
+    assert [(a.group_id, a.priority) for a in rnd.admit()] == [(2, 2)]
+    assert rnd.admit() == []
 
 
 def test_priority_submits_everything_lowest_order_first():
-    ledger = GroupLedger(0, num_groups=4, group_size=1, clock=ManualClock())
-    adm = FrontierAdmission(width=2, strength="priority").admit(ledger)
+    adm = make_round(4, mode="cgp_fgd", frontier_width=2, fgd_strength="priority").admit()
     assert [(a.group_id, a.priority) for a in adm] == [(0, 0), (1, 1), (2, 2), (3, 3)]
 
 
 def scenario_timeline() -> RoundTimeline:
     """R=2, U=1. Admit at t=1; g1 ready at 3, g0 at 5; trainer: [3,6] on g1 (step 0), [6,8] on g0 (step 1)."""
     clock = ManualClock()
-    ledger = GroupLedger(0, num_groups=2, group_size=1, clock=clock)
-    fifo = CompleteGroupFIFO(ledger, "cgp", step_groups=1)
-    tl = RoundTimeline(ledger)
+    rnd = make_round(2, clock=clock)
     clock.advance_to(1)
-    FifoAdmission().admit(ledger)
+    rnd.admit()
     clock.advance_to(3)
-    ledger.complete_serving(1)
-    ledger.materialize(1)
-    d = fifo.take()
+    rnd.served(1)
+    rnd.materialized(1)
+    d = rnd.take()
     clock.advance_to(5)
-    ledger.complete_serving(0)
-    ledger.materialize(0)
+    rnd.served(0)
+    rnd.materialized(0)
     clock.advance_to(6)
-    tl.trainer_busy(3, 6, d.step_index, d.group_ids)
-    ledger.consume(d.group_ids, 0)
-    d = fifo.take()
+    rnd.trained(d, 3, 6, trainer_version=0)
+    d = rnd.take()
     clock.advance_to(8)
-    tl.trainer_busy(6, 8, d.step_index, d.group_ids)
-    ledger.consume(d.group_ids, 0)
-    tl.published(8, 8.5)
-    ledger.mark_published()
-    return tl
+    rnd.trained(d, 6, 8, trainer_version=0)
+    rnd.check_publishable()
+    rnd.published(8, 8.5)
+    return rnd.timeline
 
 
 def test_metrics_hand_computed():
@@ -304,18 +293,15 @@ def test_timeline_outputs_round_trip(tmp_path):
 
 def test_sync_overlap_efficiency_is_zero():
     clock = ManualClock()
-    ledger = GroupLedger(0, num_groups=2, group_size=1, clock=clock)
-    fifo = CompleteGroupFIFO(ledger, "sync", step_groups=1)
-    tl = RoundTimeline(ledger)
-    FifoAdmission().admit(ledger)
+    rnd = make_round(2, mode="sync", clock=clock)
+    rnd.admit()
     for t, g in ((2, 0), (4, 1)):
         clock.advance_to(t)
-        ledger.complete_serving(g)
-        ledger.materialize(g)
+        rnd.served(g)
+        rnd.materialized(g)
     for a, b in ((4, 6), (6, 7)):
-        d = fifo.take()
-        tl.trainer_busy(a, b, d.step_index, d.group_ids)
-    m = tl.metrics()
+        rnd.trained(rnd.take(), a, b, trainer_version=0)
+    m = rnd.timeline.metrics()
     assert m[PREFIX + "overlap_efficiency"] == 0.0 and m[PREFIX + "trainer_wait_ratio"] == pytest.approx(4 / 7)
     assert math.isclose(m[PREFIX + "ideal_s"], max(4 + 1, 2 + 3))
 
@@ -331,34 +317,56 @@ def test_pipeline_imports_nothing_heavy():
 
 def test_stall_watchdog_names_outstanding_groups():
     clock = ManualClock()
-    ledger = GroupLedger(2, num_groups=3, group_size=2, clock=clock)
-    FifoAdmission().admit(ledger)
-    ledger.complete_serving(0)
-    ledger.materialize(0)
+    rnd = make_round(3, K=2, U=2, version=2, clock=clock)
+    rnd.admit()
+    rnd.served(0)
+    rnd.materialized(0)
     clock.advance_to(5)
-    ledger.check_progress(10)  # not stalled yet
-    ledger.finish_request(1)  # one response of group 1 counts as progress
+    rnd.ledger.check_progress(10)  # not stalled yet
+    rnd.request_finished(1)  # one response of group 1 counts as progress
     clock.advance_to(14)
-    ledger.check_progress(10)
+    rnd.ledger.check_progress(10)
     clock.advance_to(16)
     with pytest.raises(PipelineStallError, match=r"no group changed state for 11s.*materialized: \[0\]; "
                                                  r"admitted: \[1, 2\]"):
-        ledger.check_progress(10)
-    ledger.check_progress(None)  # disabled
+        rnd.next_dispatch(whole_step=True, stall_timeout_s=10, poll_s=0)  # the trainer side sees it
+    rnd.ledger.check_progress(None)  # disabled
 
 
 def test_buffer_bound_holds_admission_until_the_trainer_consumes():
-    ledger = GroupLedger(version=0, num_groups=6, group_size=2, clock=ManualClock(), max_buffered_groups=3)
-    fifo = CompleteGroupFIFO(ledger, "cgp", step_groups=2)
-    admission = make_admission("cgp", frontier_width=2)
-    assert [a.group_id for a in admission.admit(ledger)] == [0, 1, 2]  # FIFO admission would take all six
+    rnd = make_round(6, K=2, U=2, max_buffered_groups=3)
+    assert [a.group_id for a in rnd.admit()] == [0, 1, 2]  # FIFO admission would take all six
     for g in (0, 1, 2):
-        ledger.complete_serving(g)
-        ledger.materialize(g)
-    assert admission.admit(ledger) == [] and ledger.buffered == 3  # generated but not trained: still held
-    d = fifo.take(whole_step=True)
-    assert d.group_ids == (0, 1) and admission.admit(ledger) == []  # dispatched is still in memory
-    ledger.consume(d.group_ids, trainer_version=0)
-    assert [a.group_id for a in admission.admit(ledger)] == [3, 4] and ledger.buffered == 3
+        rnd.served(g)
+        rnd.materialized(g)
+    assert rnd.admit() == [] and rnd.ledger.buffered == 3  # generated but not trained: still held
+    d = rnd.take(whole_step=True)
+    assert d.group_ids == (0, 1) and rnd.admit() == []  # dispatched is still in memory
+    rnd.trained(d, 0.0, 1.0, trainer_version=0)
+    assert [a.group_id for a in rnd.admit()] == [3, 4] and rnd.ledger.buffered == 3
     with pytest.raises(ValueError, match="max_buffered_groups"):
-        GroupLedger(version=0, num_groups=2, group_size=1, max_buffered_groups=0)
+        make_round(2, max_buffered_groups=0)
+
+
+def test_next_dispatch_hands_a_rollout_failure_to_the_trainer():
+    rnd = make_round(2)
+    rnd.admit()
+    rnd.fail(ConnectionError("agent loop gone"))
+    with pytest.raises(RuntimeError, match="rollout side failed in round v0") as err:
+        rnd.next_dispatch(poll_s=0)
+    assert isinstance(err.value.__cause__, ConnectionError)
+
+
+def test_the_round_is_built_in_one_place():
+    """Ledger, FIFO, admission and timeline are constructed in pipeline/round.py only (the trainer, the simulator
+    and these tests all drive a Round); frontier.py's ``make_admission`` is the admission factory Round calls."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    pattern = re.compile(r"\b(GroupLedger|CompleteGroupFIFO|make_admission|RoundTimeline|FifoAdmission|"
+                         r"FrontierAdmission|AdaptiveFrontierAdmission)\(")
+    hits = [f"{f.relative_to(root)}:{i}" for d in ("recipe", "rolloutpipe_workers", "tests")
+            for f in sorted((root / d).rglob("*.py")) if f.name not in ("round.py", "frontier.py")
+            for i, line in enumerate(f.read_text().splitlines(), 1)
+            if pattern.search(line) and not line.lstrip().startswith(("def ", "class ", "#"))]
+    assert hits == []

@@ -57,6 +57,21 @@ def test_from_run_recovers_a_known_engine(tmp_path):
     assert len(json.loads((tmp_path / "p.json").read_text())) == 5
 
 
+def test_from_run_replays_the_round_shape_the_run_recorded(tmp_path):
+    """K and U come from the timeline's settings (what the trainer was configured with), not from defaults."""
+    tl = simulate_round(RoundSpec(24, group_size=4, step_groups=6, mode="cgp"), calibrated("Sci-JL"), ENGINE, TRAINER)
+    data = tl.to_dict()
+    assert data["settings"]["K"] == 4 and data["settings"]["U"] == 6
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    assert main(["--from-run", str(tmp_path / "run.json"), "--json", str(tmp_path / "p.json")]) == 0
+    preds = json.loads((tmp_path / "p.json").read_text())
+    assert {(p["K"], p["U"]) for p in preds} == {(4, 6)}
+    del data["settings"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="has no 'settings' with K and U"):
+        main(["--from-run", str(tmp_path / "old.json")])
+
+
 def test_simulator_reproduces_the_real_benchmark_for_the_calibrated_modes():
     """docs/results/bench_raw.json is a real pinned CPU run (python -m recipe.rolloutpipe.bench). Calibrated per
     setting on its sync rounds (trainer, engine speed) and cgp rounds (contention), the simulator must reproduce

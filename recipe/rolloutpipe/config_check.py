@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
+from .pipeline.modes import TRAINER_MODES, FgdStrength, Mode
+
 
 class RolloutPipeConfigError(ValueError):
     pass
@@ -18,7 +20,7 @@ UNLIMITED_EXTRA_GROUPS = 10**9
 class PipeSettings:
     """The resolved pipeline shape of a run."""
 
-    mode: str  # sync | cgp | cgp_fgd
+    mode: str  # a pipeline.modes.Mode value: sync | cgp | cgp_fgd
     num_groups: int  # R = data.train_batch_size
     group_size: int  # K = actor_rollout_ref.rollout.n
     step_groups: int  # U = actor_rollout_ref.actor.ppo_mini_batch_size
@@ -31,7 +33,7 @@ class PipeSettings:
     max_extra_groups: int = 0  # replacements per round for filtered groups (prompts of later dataloader batches)
 
 
-def _get(cfg: DictConfig, key: str, default=None):  # noqa: ANN001, ANN202
+def _get(cfg: DictConfig, key: str, default=None):
     return OmegaConf.select(cfg, key, default=default)
 
 
@@ -40,7 +42,7 @@ def validate(cfg: DictConfig) -> PipeSettings:
     errors: list[str] = []
     rp = cfg.rolloutpipe
     mode = rp.mode
-    if mode not in ("sync", "cgp", "cgp_fgd"):
+    if mode not in TRAINER_MODES:
         errors.append(f"rolloutpipe.mode={mode!r}: use sync, cgp or cgp_fgd")
     r = int(cfg.data.train_batch_size)
     k = int(cfg.actor_rollout_ref.rollout.n)
@@ -53,10 +55,10 @@ def validate(cfg: DictConfig) -> PipeSettings:
     if not 1 <= int(fw) <= r:
         errors.append(f"rolloutpipe.frontier_width={fw} must be between 1 and data.train_batch_size={r}")
     strength = rp.fgd_strength
-    if strength not in ("hold", "priority"):
+    if strength not in tuple(FgdStrength):
         errors.append(f"rolloutpipe.fgd_strength={strength!r}: use hold or priority")
     policy = _get(cfg, "actor_rollout_ref.rollout.scheduling_policy", "fcfs")
-    if mode == "cgp_fgd" and strength == "priority" and policy != "priority":
+    if mode == Mode.CGP_FGD and strength == FgdStrength.PRIORITY and policy != "priority":
         errors.append("rolloutpipe.fgd_strength=priority needs actor_rollout_ref.rollout.scheduling_policy=priority "
                       f"(got {policy!r}: vLLM would silently ignore the priorities)")
     if rp.old_log_prob not in ("snapshot", "rollout"):
@@ -68,10 +70,10 @@ def validate(cfg: DictConfig) -> PipeSettings:
         errors.append(f"rolloutpipe.stall_timeout_s={stall}: use a positive number of seconds (or null to disable)")
     bound = rp.get("max_buffered_groups")
     if bound is not None:
-        need = r if mode == "sync" else u
+        need = r if mode == Mode.SYNC else u
         if int(bound) < need:
             errors.append(f"rolloutpipe.max_buffered_groups={bound} is below what mode={mode} must hold at once "
-                          f"({need}: " + ("the sync baseline trains only after the whole round" if mode == "sync"
+                          f"({need}: " + ("the sync baseline trains only after the whole round" if mode == Mode.SYNC
                                          else "an optimizer step takes U whole groups") + f"): set it >= {need}")
     replicas = rp.get("rollout_replicas", 1)
     if not isinstance(replicas, int) or replicas < 1:

@@ -28,10 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from .pipeline.modes import STOCK, TRAINER_MODES
 from .provenance import git_commit, machine
 
 ROOT = Path(__file__).resolve().parents[2]
-MODES = ("stock", "sync", "cgp", "cgp_fgd")
+MODES = (STOCK, *map(str, TRAINER_MODES))
 TRAIN_REWARD = "critic/score/mean"
 VAL_SUFFIX = "acc/mean@1"
 STEP_LENGTH = "rolloutpipe/response_length/step"
@@ -40,7 +41,7 @@ STEP_LENGTH = "rolloutpipe/response_length/step"
 def mode_overrides(mode: str, seed: int) -> list[str]:
     """The main job's overrides for one run of the comparison."""
     common = [f"data.seed={seed}"]
-    if mode == "stock":
+    if mode == STOCK:
         return [*common, "rolloutpipe.trainer=stock"]
     return [*common, f"rolloutpipe.mode={mode}", f"rolloutpipe.sampling_seed={seed}"]
 
@@ -98,7 +99,7 @@ def _ci_of_mean(diffs: Sequence[float], seed: int = 0) -> list[float]:
 def summarize(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
     """``runs[mode][seed]`` = :func:`series` of that run. Pure: what the JSON holds per mode."""
     out: dict[str, Any] = {}
-    stock_final = {s: r["val"][-1][1] for s, r in runs.get("stock", {}).items() if r["val"]}
+    stock_final = {s: r["val"][-1][1] for s, r in runs.get(STOCK, {}).items() if r["val"]}
     for mode, by_seed in runs.items():
         seeds = sorted(by_seed)
         rewards = np.array([by_seed[s]["reward"] for s in seeds])
@@ -119,7 +120,7 @@ def summarize(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
             per_step = np.array([r[:width] for run in lengths for r in run])
             entry["step_response_length"] = per_step.mean(0).round(4).tolist()
         paired = [final[i] - stock_final[s] for i, s in enumerate(seeds) if s in stock_final]
-        if paired and mode != "stock":
+        if paired and mode != STOCK:
             entry["final_val_diff_vs_stock"] = float(np.mean(paired))
             entry["final_val_diff_vs_stock_ci"] = _ci_of_mean(paired)
             lo, hi = min(stock_final.values()), max(stock_final.values())

@@ -46,12 +46,12 @@ def row_problem(row: dict[str, Any], prompt_key: str) -> str | None:
     return None
 
 
-def check_file(path: str, tokenizer, max_prompt_length: int, prompt_key: str = "prompt") -> DataReport:  # noqa: ANN001
+def check_file(path: str, tokenizer, max_prompt_length: int, prompt_key: str = "prompt") -> DataReport:
     import pandas as pd
 
     try:
         frame = pd.read_parquet(path)
-    except Exception as e:  # noqa: BLE001 - any reader error means the same thing to the user
+    except Exception as e:  # any reader error means the same thing to the user
         raise DataCheckError(f"cannot read {path} as parquet ({type(e).__name__}: {str(e)[:200]}): the file is "
                              "truncated, corrupt or not parquet; rebuild it") from None
     report = DataReport(path=path, rows=len(frame))
@@ -71,7 +71,7 @@ def _rows(d: dict, n: int = 5) -> str:
     return ", ".join(f"row {i}: {v}" for i, v in items) + (f" (and {len(d) - n} more)" if len(d) > n else "")
 
 
-def check_data(config, out_dir: str | Path) -> list[DataReport]:  # noqa: ANN001
+def check_data(config, out_dir: str | Path) -> list[DataReport]:
     """Check train and val files; apply the bad-row policy (may repoint ``data.*_files`` at cleaned copies)."""
     from omegaconf import open_dict
     from transformers import AutoTokenizer

@@ -39,7 +39,7 @@ def dead_actor_error(e: BaseException) -> BaseException | None:
 class ReplicaFailover:
     """The standalone rollout replicas of a run (verl's ``LLMServerManager``) and which of them died."""
 
-    def __init__(self, llm_server_manager, probe_timeout_s: float = 30.0) -> None:  # noqa: ANN001
+    def __init__(self, llm_server_manager, probe_timeout_s: float = 30.0) -> None:
         self._servers = llm_server_manager
         self.probe_timeout_s = probe_timeout_s
         self.started = len(llm_server_manager.rollout_replicas)

@@ -5,12 +5,25 @@ plus a ``rolloutpipe:`` block). With no overrides it runs the embedded default o
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "config")
+from .logs import get_logger
+
+logger = get_logger("recipe.rolloutpipe.main")  # named: this module runs as __main__
+# inside the recipe, so it travels with recipe/rolloutpipe/ into another recipe tree (the repo's config/ links here)
+CONFIG_DIR = str(Path(__file__).resolve().parent / "config")
+
+# verl imports every training engine it knows and warns once per process for each one that is not installed: five
+# UserWarnings at every start (and in every Ray worker) that no user of this recipe can act on -- it trains with
+# FSDP2. Filtered here for the driver, and through PYTHONWARNINGS for the workers (prepare_runtime).
+_ABSENT_ENGINES = ("torchtitan", "veomni", "automodel", "mindspeed", "megatron")
+warnings.filterwarnings("ignore", message=f"({'|'.join(_ABSENT_ENGINES)}) engine is not available",
+                        category=UserWarning)
+QUIET_ENGINE_WARNINGS = ",".join(f"ignore:{e} engine is not available:UserWarning" for e in _ABSENT_ENGINES)
 EMBEDDED = "embedded"
 
 
@@ -75,7 +88,7 @@ def prepare_runtime(config: DictConfig, worker_env: dict[str, str] | None = None
         from .data_check import DataCheckError, check_data, summary
 
         try:
-            print(summary(check_data(config, config.rolloutpipe.data_check.clean_dir)), flush=True)
+            logger.info(summary(check_data(config, config.rolloutpipe.data_check.clean_dir)))
         except DataCheckError as e:
             raise SystemExit(str(e)) from None
     import ray
@@ -87,6 +100,7 @@ def prepare_runtime(config: DictConfig, worker_env: dict[str, str] | None = None
 
         runtime_env = get_ppo_ray_runtime_env(config)
         runtime_env.setdefault("env_vars", {}).update(worker_env or {})
+        runtime_env["env_vars"].setdefault("PYTHONWARNINGS", QUIET_ENGINE_WARNINGS)
         kwargs = {"runtime_env": runtime_env}
         if os.environ.get("RAY_ADDRESS"):
             # a running cluster (`ray start` on every node; trainer.nnodes=N): the nodes declare their own resources
@@ -129,7 +143,9 @@ def apply_layout(config: DictConfig) -> None:
                 OmegaConf.update(config, "actor_rollout_ref.rollout.n_gpus_per_node", replicas, merge=False)
 
 
-def run(config: DictConfig) -> None:
+def run(config: DictConfig, task_runner_class: type | None = None) -> None:
+    """Run the configured trainer; ``task_runner_class`` (a ``@ray.remote`` class with ``run(config)``) replaces the
+    recipe's task runner (``verify_onpolicy`` brings its own)."""
     trainer = config.rolloutpipe.trainer
     apply_layout(config)
     if trainer not in ("rolloutpipe", "stock"):
@@ -153,7 +169,7 @@ def run(config: DictConfig) -> None:
     from .runner import RolloutPipeTaskRunner
 
     try:
-        run_ppo(config, task_runner_class=RolloutPipeTaskRunner)
+        run_ppo(config, task_runner_class=task_runner_class or RolloutPipeTaskRunner)
     except (RoundAbortedError, PipelineStallError) as e:  # raised in the task runner; Ray re-raises it here
         raise SystemExit(str(getattr(e, "cause", None) or e).strip()) from None
 

@@ -27,11 +27,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from .logs import get_logger
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+logger = get_logger("recipe.rolloutpipe.prepare")
 BUILD_VERSION = 2  # bump when the recipe below changes: it keys the cache
 
 
@@ -278,7 +281,7 @@ def ensure_default(spec: DefaultSpec = DefaultSpec()) -> Path:
     """Path of the embedded default (model/, train.parquet, val.parquet, info.json), built on first use."""
     path = default_dir(spec)
     if not (path / "info.json").exists():
-        print(f"rolloutpipe: building the embedded default (tiny Qwen3 + arithmetic task) into {path} ...", flush=True)
+        logger.info(f"rolloutpipe: building the embedded default (tiny Qwen3 + arithmetic task) into {path} ...")
         build(spec, path)
     return path
 
@@ -295,7 +298,7 @@ def main() -> None:
         import shutil
 
         shutil.rmtree(build_dir(spec), ignore_errors=True)
-        print(f"rolloutpipe: rebuilding the embedded default into {build_dir(spec)} ...", flush=True)
+        logger.info(f"rolloutpipe: rebuilding the embedded default into {build_dir(spec)} ...")
         path = build(spec)
         if args.ship:
             shutil.rmtree(SHIPPED, ignore_errors=True)

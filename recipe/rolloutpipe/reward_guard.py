@@ -60,7 +60,7 @@ def guarded_score(data_source: str, solution_str: str, ground_truth: Any, extra_
     try:
         score = _check(future.result(timeout=timeout_s))
         return {"score": score, "acc": score, "reward_error": 0.0}
-    except Exception as e:  # noqa: BLE001 - every failure of user code goes through the policy
+    except Exception as e:  # every failure of user code goes through the policy
         cause = f"timed out after {timeout_s:g}s" if isinstance(e, concurrent.futures.TimeoutError) else \
             f"{type(e).__name__}: {e}"
         if on_error == "raise":

@@ -18,10 +18,11 @@ import numpy as np
 import ray
 from verl import DataProto
 
+from rolloutpipe_workers.agent_loops import SEED_COLUMN  # vLLM sampling seed of the row; -1 = unseeded
+
 from .failover import dead_actor_error
 
 SAMPLE_COLUMN = "sample_in_group"  # which of the K samples a row is (agent loops may use it)
-SEED_COLUMN = "request_seed"  # vLLM sampling seed of the row (rolloutpipe_workers.agent_loops); -1 = unseeded
 # columns the stream adds for the engine; not part of the training batch
 REQUEST_COLUMNS = ("priority", SAMPLE_COLUMN, SEED_COLUMN)
 

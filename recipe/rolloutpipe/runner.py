@@ -11,60 +11,75 @@ from __future__ import annotations
 import ray
 
 
-@ray.remote
-class RolloutPipeTaskRunner:
-    def run(self, config) -> None:  # noqa: ANN001
-        if config.rolloutpipe.layout == "disaggregated":
-            return self.run_disaggregated(config)
-        import verl.trainer.main_ppo_v0 as v0
+def run_task(config, hybrid_cls: type | None = None, disaggregated_cls: type | None = None) -> None:
+    """verl's task-runner path with RolloutPipe's trainer (``hybrid_cls`` / ``disaggregated_cls``: a subclass of
+    the recipe's trainer for that layout, e.g. the on-policy verifier's) and streaming actor worker."""
+    from .trainer import DisaggregatedRolloutPipeTrainer, RolloutPipeTrainer
 
-        from rolloutpipe_workers.streaming_actor import StreamingActorWorker
-
-        from .trainer import RolloutPipeTrainer
-
-        runner = v0.TaskRunner.__ray_actor_class__()
-        verl_add_actor = runner.add_actor_rollout_worker
-
-        def add_actor_rollout_worker(cfg):  # noqa: ANN001, ANN202
-            _, wg_cls = verl_add_actor(cfg)
-            for role in list(runner.role_worker_mapping):
-                if role.name.startswith("ActorRollout"):
-                    runner.role_worker_mapping[role] = ray.remote(StreamingActorWorker)
-            return StreamingActorWorker, wg_cls
-
-        runner.add_actor_rollout_worker = add_actor_rollout_worker
-        v0.RayPPOTrainer = RolloutPipeTrainer
-        runner.run(config)
-
-    def run_disaggregated(self, config) -> None:  # noqa: ANN001
-        trainer = build_disaggregated_trainer(config)
+    if config.rolloutpipe.layout == "disaggregated":
+        trainer = build_disaggregated_trainer(config, disaggregated_cls or DisaggregatedRolloutPipeTrainer)
         trainer.init_workers()
         trainer.fit()
+        return
+    import verl.trainer.main_ppo_v0 as v0
+
+    from rolloutpipe_workers.streaming_actor import StreamingActorWorker
+
+    runner = v0.TaskRunner.__ray_actor_class__()
+    verl_add_actor = runner.add_actor_rollout_worker
+
+    def add_actor_rollout_worker(cfg):
+        _, wg_cls = verl_add_actor(cfg)
+        for role in list(runner.role_worker_mapping):
+            if role.name.startswith("ActorRollout"):
+                runner.role_worker_mapping[role] = ray.remote(StreamingActorWorker)
+        return StreamingActorWorker, wg_cls
+
+    runner.add_actor_rollout_worker = add_actor_rollout_worker
+    v0.RayPPOTrainer = hybrid_cls or RolloutPipeTrainer
+    runner.run(config)
 
 
-def build_disaggregated_trainer(config):  # noqa: ANN001, ANN201
+@ray.remote
+class RolloutPipeTaskRunner:
+    def run(self, config) -> None:
+        run_task(config)
+
+
+def build_disaggregated_trainer(config, trainer_cls: type | None = None):
     """verl's separation layout, as ``verl.experimental.one_step_off_policy.main_ppo`` builds it, with RolloutPipe's
-    trainer and actor worker (workers not started yet: call ``init_workers``)."""
+    trainer (``trainer_cls``, default ``DisaggregatedRolloutPipeTrainer``) and actor worker (workers not started
+    yet: call ``init_workers``)."""
     from omegaconf import OmegaConf
     from verl.experimental.separation.utils import create_resource_pool_manager, create_role_worker_mapping
-    from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
+    from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler, need_critic, need_reference_policy
     from verl.utils import hf_processor, hf_tokenizer
+    from verl.utils.config import validate_config
     from verl.utils.dataset.rl_dataset import collate_fn
+    from verl.utils.fs import copy_to_local
 
     from rolloutpipe_workers.streaming_actor import StreamingDetachActorWorker
 
     from .trainer import DisaggregatedRolloutPipeTrainer
 
+    trainer_cls = trainer_cls or DisaggregatedRolloutPipeTrainer
     OmegaConf.resolve(config)
     mapping, wg_cls = create_role_worker_mapping(config)
     for role in list(mapping):
         if role.name == "Actor":
             mapping[role] = ray.remote(StreamingDetachActorWorker)
-    path = config.actor_rollout_ref.model.path
-    tokenizer, processor = hf_tokenizer(path), hf_processor(path, use_fast=True)
-    train = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor)
-    val = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor)
-    return DisaggregatedRolloutPipeTrainer(
+    # what verl's own task runner (one_step_off_policy.main_ppo) does before it builds a trainer
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    path = copy_to_local(config.actor_rollout_ref.model.path,
+                         use_shm=config.actor_rollout_ref.model.get("use_shm", False))
+    trust = config.data.get("trust_remote_code", False)
+    tokenizer = hf_tokenizer(path, trust_remote_code=trust)
+    processor = hf_processor(path, trust_remote_code=trust, use_fast=True)
+    train = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor,
+                              max_samples=config.data.get("train_max_samples", -1))
+    val = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor,
+                            max_samples=config.data.get("val_max_samples", -1))
+    return trainer_cls(
         config=config, tokenizer=tokenizer, processor=processor, role_worker_mapping=mapping,
         resource_pool_manager=create_resource_pool_manager(config, mapping.keys()), ray_worker_group_cls=wg_cls,
         train_dataset=train, val_dataset=val, collate_fn=collate_fn,

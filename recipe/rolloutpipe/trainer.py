@@ -19,43 +19,47 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 from verl import DataProto
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
-from verl.trainer.ppo.metric_utils import compute_data_metrics
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_advantage, compute_response_mask
 from verl.trainer.ppo.reward import extract_reward
 from verl.utils.metric import reduce_metrics
+from verl.utils.profiler import marked_timer
 
 from .config_check import PipeSettings, validate
 from .failover import NoRolloutReplicaLeftError, ReplicaFailover, dead_actor_error
 from .learning_curve import write_learning_curve
+from .logs import get_logger
 from .pipeline import (
     PREFIX,
-    CompleteGroupFIFO,
-    GroupLedger,
+    Dispatch,
     MonotonicClock,
     PipelineInvariantError,
+    Round,
     RoundAbortedError,
+    RoundShape,
     RoundTimeline,
-    dispatch_mode_of,
-    make_admission,
 )
 from .rollout_stream import REQUEST_COLUMNS, GroupRolloutStream
+from .round_metrics import merge_metric_lists, round_line, round_metrics
+
+logger = get_logger(__name__)
 
 
 class _Rerouted:
     """The actor worker group with one method answered by another, so verl's trainer code that calls the first
     (``_compute_old_log_prob``, ``_update_actor``) runs unchanged on the streaming worker's variant."""
 
-    def __init__(self, wg, method: str, to: str) -> None:  # noqa: ANN001
+    def __init__(self, wg, method: str, to: str) -> None:
         self._wg = wg
         setattr(self, method, getattr(wg, to))
 
-    def __getattr__(self, name: str):  # noqa: ANN204
+    def __getattr__(self, name: str):
         return getattr(self._wg, name)
 
 
@@ -106,6 +110,32 @@ class _RoundPrompts:
         return self.gen_batches[i][j : j + 1]
 
 
+@dataclass
+class RoundResult:
+    """What one round did -- returned by ``fit_round`` to the training loop, the benchmark and the verifier."""
+
+    metrics: dict
+    trained: list[DataProto]  # the training rows in training order, one entry per trainer call
+    step_outputs: list[DataProto]  # verl's update output per optimizer step
+    calls_per_step: list[int]  # trainer calls that trained groups, per optimizer step
+    timeline: RoundTimeline
+    timeline_path: Path  # its JSON (a .trace.json and, on some rounds, a Gantt .png beside it)
+
+
+@dataclass
+class _RoundRun:
+    """A round in flight: the pipeline's Round plus what the verl side holds for it."""
+
+    rnd: Round
+    pipe: PipeSettings
+    prompts: _RoundPrompts
+    stream: GroupRolloutStream
+    trainable: dict[int, DataProto] = field(default_factory=dict)  # materialized, not yet dispatched
+    trained: list[DataProto] = field(default_factory=list)
+    step_outputs: list[DataProto] = field(default_factory=list)
+    timing: dict[str, float] = field(default_factory=dict)  # verl's marked_timer: seconds per phase
+
+
 class RolloutPipeTrainer(RayPPOTrainer):
     """Streaming GRPO: CGP (train on complete groups while the round generates) + FGD (frontier admission)."""
 
@@ -130,13 +160,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
                           experiment_name=self.config.trainer.experiment_name,
                           default_backend=self.config.trainer.logger,
                           config=OmegaConf.to_container(self.config, resolve=True))
-        nodes = self.actor_rollout_wg.ray_node_id()
-        tqdm.write(f"[rolloutpipe] trainer pool: {len(nodes)} FSDP rank(s) on {len(set(nodes))} Ray node(s)")
-        if self.config.rolloutpipe.task == "verify_onpolicy":
-            from .verify_onpolicy import verify_in_trainer
-
-            verify_in_trainer(self)
-            return
+        self.report_trainer_pool()
         self.global_steps = 0
         if self.config.rolloutpipe.layout == "disaggregated":
             self.failover = ReplicaFailover(self.llm_server_manager)
@@ -149,7 +173,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         self.global_steps += 1
         batches = self._prompt_batches()
         while True:
-            metrics = self._fit_round_or_abort(next(batches), more_prompts=lambda: next(batches))
+            metrics = self._fit_round_or_abort(next(batches), more_prompts=lambda: next(batches)).metrics
             last = self.global_steps >= self.total_training_steps
             if test_freq > 0 and (last or self.global_steps % test_freq == 0):
                 metrics.update(self._validate_and_report())
@@ -160,12 +184,16 @@ class RolloutPipeTrainer(RayPPOTrainer):
                 break
             self.global_steps += 1
         blocks = [self.round_rewards[i : i + 10] for i in range(0, len(self.round_rewards), 10)]
-        tqdm.write(f"[rolloutpipe] done: {self.groups_trained_total} groups trained; mean training reward per 10 "
-                   "rounds "
-                   f"{[round(sum(b) / len(b), 3) for b in blocks]}; validation {self.val_scores}")
+        logger.info(f"[rolloutpipe] done: {self.groups_trained_total} groups trained; mean training reward per 10 "
+                    "rounds "
+                    f"{[round(sum(b) / len(b), 3) for b in blocks]}; validation {self.val_scores}")
         png = write_learning_curve(self.round_rewards, self.val_scores, self.timeline_dir,
                                    title=f"{self.config.trainer.experiment_name}: {self.pipe.mode}")
-        tqdm.write(f"[rolloutpipe] learning curve: {png}")
+        logger.info(f"[rolloutpipe] learning curve: {png}")
+
+    def report_trainer_pool(self) -> None:
+        nodes = self.actor_rollout_wg.ray_node_id()
+        logger.info(f"[rolloutpipe] trainer pool: {len(nodes)} FSDP rank(s) on {len(set(nodes))} Ray node(s)")
 
     def _prompt_batches(self) -> Iterator[DataProto]:
         """The dataloader's batches, epoch after epoch (verl's StatefulDataLoader: its position is checkpointed)."""
@@ -173,12 +201,13 @@ class RolloutPipeTrainer(RayPPOTrainer):
             for batch_dict in self.train_dataloader:
                 yield DataProto.from_single_dict(batch_dict)
 
-    def _fit_round_or_abort(self, batch: DataProto, more_prompts: Callable[[], DataProto] | None = None) -> dict:
+    def _fit_round_or_abort(self, batch: DataProto,
+                            more_prompts: Callable[[], DataProto] | None = None) -> RoundResult:
         """``fit_round``; a dead worker (trainer or rollout side) becomes one message naming the round and the
         checkpoint to resume from."""
         try:
             return self.fit_round(batch, more_prompts)
-        except Exception as e:  # noqa: BLE001 - only a dead actor is translated; anything else is re-raised
+        except Exception as e:  # only a dead actor is translated; anything else is re-raised
             dead = dead_actor_error(e)
             if dead is None:
                 raise
@@ -216,7 +245,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         tmp.write_text(json.dumps(state))
         os.replace(tmp, folder / self.STATE_FILE)
 
-    def _load_checkpoint(self):  # noqa: ANN202
+    def _load_checkpoint(self):
         out = super()._load_checkpoint()
         if self.global_steps:
             state_file = self._checkpoint_dir(self.global_steps) / self.STATE_FILE
@@ -228,147 +257,136 @@ class RolloutPipeTrainer(RayPPOTrainer):
                 self.groups_trained_total = state["groups_trained_total"]
                 self.round_rewards = list(state["round_rewards"])
                 self.val_scores = [tuple(v) for v in state["val_scores"]]
-            tqdm.write(f"[rolloutpipe] resumed after round {self.global_steps} ({self.groups_trained_total} groups "
-                       f"trained so far): the next round is {self.global_steps + 1}")
+            logger.info(f"[rolloutpipe] resumed after round {self.global_steps} ({self.groups_trained_total} groups "
+                        f"trained so far): the next round is {self.global_steps + 1}")
         return out
 
-    def fit_round(self, batch: DataProto, more_prompts: Callable[[], DataProto | None] | None = None) -> dict:
-        """One round: stream R groups through the pipeline, publish weights v+1, return the round's metrics.
+    def fit_round(self, batch: DataProto, more_prompts: Callable[[], DataProto | None] | None = None, *,
+                  pipe: PipeSettings | None = None, draw_png: bool | None = None) -> RoundResult:
+        """One round: stream R groups through the pipeline, train them, publish weights v+1.
+
         With dynamic sampling (``algorithm.filter_groups``), a group whose K rewards are all equal is dropped and
-        replaced by the next prompt (``more_prompts`` gives the next dataloader batch when the round's runs out)."""
-        p = self.pipe
-        version = self.weights_version
-        prompts = _RoundPrompts(self, batch, more_prompts)
-
-        ledger = GroupLedger(version, p.num_groups, p.group_size, clock=self.clock,
-                             max_buffered_groups=p.max_buffered_groups, max_extra_groups=p.max_extra_groups)
-        fifo = CompleteGroupFIFO(ledger, dispatch_mode_of(p.mode), p.step_groups)
-        admission = make_admission(p.mode, p.frontier_width, p.fgd_strength)  # type: ignore[arg-type]
-        timeline = RoundTimeline(ledger)
-        lock = threading.Condition()
-        trainable: dict[int, DataProto] = {}
-        failure: list[BaseException] = []
-        self.actor_rollout_wg.begin_round(snapshot=p.old_log_prob == "snapshot" and p.step_groups < p.num_groups)
-
-        stream = GroupRolloutStream(self.async_rollout_manager.agent_loop_workers, p.group_size)
-        meta = {"global_steps": self.global_steps}
-
-        base_seed = self.config.rolloutpipe.get("sampling_seed")
-
-        def admit() -> None:  # called with the lock held
-            for a in admission.admit(ledger):
-                seed = None if base_seed is None else request_seed(int(base_seed), self.global_steps, a.group_id,
-                                                                   p.group_size)
-                stream.submit(a.group_id, prompts.gen_row(a.group_id), a.priority, meta, seed)
-
-        def rollout_side() -> None:
-            try:
-                with lock:
-                    admit()
-                while True:
-                    with lock:
-                        if ledger.rollout_closed:
-                            return
-                        admit()  # groups the buffer bound held back, once the trainer has consumed some
-                    for gid, out in stream.poll(timeout_s=0.05):
-                        with lock:
-                            ledger.complete_serving(gid)
-                        rows = self._materialize_group(prompts.row(gid), out)
-                        with lock:
-                            if p.filter_metric is not None and self._no_reward_variance(rows):
-                                if not prompts.available(len(ledger.groups)):
-                                    ledger.stop_replacements()
-                                ledger.filter(gid)  # its replacement (if any) is submitted: admission sends it
-                            else:
-                                trainable[gid] = rows
-                                ledger.materialize(gid)
-                            admit()
-                            lock.notify_all()
-                    if stream.lost:
-                        self._resend_lost_groups(stream, ledger, lock)
-            except BaseException as e:  # noqa: BLE001 - re-raised in the trainer thread
-                with lock:
-                    failure.append(e)
-                    lock.notify_all()
-
-        roller = threading.Thread(target=rollout_side, name=f"rolloutpipe-rollout-v{version}", daemon=True)
-        bar = tqdm(total=p.num_groups, desc=f"round {self.global_steps} [{p.mode}] consumed", unit="group",
-                   leave=False)
+        replaced by the next prompt (``more_prompts`` gives the next dataloader batch when the round's runs out).
+        ``pipe`` runs this round with another shape (mode, R, F_w, FGD strength, train unit; the benchmark does);
+        ``draw_png`` forces the Gantt PNG on or off (default: ``rolloutpipe.timeline_png_every``)."""
+        run = self._fit_start_round(batch, more_prompts, pipe or self.pipe)
+        roller = threading.Thread(target=self._fit_rollout_side, args=(run,), daemon=True,
+                                  name=f"rolloutpipe-rollout-v{run.rnd.version}")
+        bar = tqdm(total=run.pipe.num_groups, desc=f"round {self.global_steps} [{run.pipe.mode}] consumed",
+                   unit="group", leave=False)
         roller.start()
-        step_outputs, trained = [], []
-        while True:
-            with lock:
-                while True:
-                    if failure:
-                        raise RuntimeError(f"rolloutpipe: rollout side failed in round v{version}") from failure[0]
-                    d = fifo.take(whole_step=p.train_unit == "step")
-                    if d is not None or fifo.exhausted:
-                        break
-                    ledger.check_progress(self.config.rolloutpipe.stall_timeout_s)
-                    lock.wait(timeout=0.5)
-                if d is None:
-                    break
-                rows = DataProto.concat([trainable.pop(g) for g in d.training_order]) if d.group_ids else None
-                bar.set_postfix(materialized=len(ledger.materialization_order), in_engine=stream.inflight)
-            if rows is None and not (p.train_unit == "groups" and d.ends_step):
-                continue
-            t0 = self.clock.now()
-            whole = p.train_unit == "step" and len(d.group_ids) == p.step_groups  # else: a short last step
-            out = self._train_step(rows, d.step_index) if whole else self._train_groups(rows, d)
-            if out is not None:
-                step_outputs.append(out)
-            t1 = self.clock.now()
-            with lock:
-                timeline.trainer_busy(t0, t1, d.step_index, d.group_ids)
-                ledger.consume(d.group_ids, trainer_version=self.weights_version)
-            if rows is not None:
-                trained.append(rows)
+        whole_step = run.pipe.train_unit == "step"
+        while (d := run.rnd.next_dispatch(whole_step, self.config.rolloutpipe.stall_timeout_s)) is not None:
+            with marked_timer("rolloutpipe/train", run.timing):
+                self._fit_train_dispatch(run, d)
+            bar.set_postfix(materialized=len(run.rnd.ledger.materialization_order), in_engine=run.stream.inflight)
             bar.update(len(d.group_ids))
         roller.join()
         bar.close()
-        fifo.check_drained()
-        self.actor_rollout_wg.end_round()
+        with marked_timer("rolloutpipe/publish", run.timing):
+            self._fit_publish(run)
+        return self._fit_report(run, draw_png)
 
-        ledger.mark_published()  # raises unless every group of round v is consumed
+    # ---- the round's hooks, in the order fit_round calls them ----------------------------------------------------
+    def _fit_start_round(self, batch: DataProto, more_prompts: Callable[[], DataProto | None] | None,
+                         pipe: PipeSettings) -> _RoundRun:
+        """The round's pipeline state (``pipeline.Round``), its prompts and the per-group rollout stream; the
+        worker snapshots π_old = weights v when a later optimizer step will need it."""
+        for key in ("group_size", "step_groups", "old_log_prob", "filter_metric"):  # worker/group-level settings
+            if getattr(pipe, key) != getattr(self.pipe, key):
+                raise ValueError(f"fit_round(pipe=...) cannot change {key} (the run's is {getattr(self.pipe, key)})")
+        shape = RoundShape(pipe.num_groups, pipe.group_size, pipe.step_groups, mode=pipe.mode,
+                           frontier_width=pipe.frontier_width, fgd_strength=pipe.fgd_strength,
+                           max_buffered_groups=pipe.max_buffered_groups, max_extra_groups=pipe.max_extra_groups)
+        rnd = Round(self.weights_version, shape, self.clock)
+        rnd.timeline.settings["train_unit"] = pipe.train_unit
+        later_steps = pipe.step_groups < pipe.num_groups
+        self.actor_rollout_wg.begin_round(snapshot=pipe.old_log_prob == "snapshot" and later_steps)
+        stream = GroupRolloutStream(self.async_rollout_manager.agent_loop_workers, pipe.group_size)
+        return _RoundRun(rnd, pipe, _RoundPrompts(self, batch, more_prompts), stream)
+
+    def _fit_rollout_side(self, run: _RoundRun) -> None:
+        """The rollout thread: send what the round admits, turn each finished group into training rows (or filter
+        it), until the round's data is final. A failure is handed to the trainer thread through the Round."""
+        try:
+            self._fit_send(run, run.rnd.admit())
+            while not run.rnd.rollout_closed:
+                self._fit_send(run, run.rnd.admit())  # groups the buffer bound held back, once some are consumed
+                for gid, out in run.stream.poll(timeout_s=0.05):
+                    run.rnd.served(gid)
+                    rows = self._materialize_group(run.prompts.row(gid), out)
+                    if run.pipe.filter_metric is not None and self._no_reward_variance(rows):
+                        run.rnd.filtered(gid, replaceable=run.prompts.available(len(run.rnd.ledger.groups)))
+                    else:
+                        run.trainable[gid] = rows
+                        run.rnd.materialized(gid)
+                    self._fit_send(run, run.rnd.admit())
+                if run.stream.lost:
+                    self._resend_lost_groups(run)
+        except BaseException as e:
+            run.rnd.fail(e)
+
+    def _fit_send(self, run: _RoundRun, admissions: list) -> None:
+        """Each admitted group's K requests to vLLM (seeded per request when ``rolloutpipe.sampling_seed`` is set)."""
+        base = self.config.rolloutpipe.get("sampling_seed")
+        for a in admissions:
+            seed = None if base is None else request_seed(int(base), self.global_steps, a.group_id, run.pipe.group_size)
+            run.stream.submit(a.group_id, run.prompts.gen_row(a.group_id), a.priority,
+                              {"global_steps": self.global_steps}, seed)
+
+    def _fit_train_dispatch(self, run: _RoundRun, d: Dispatch) -> None:
+        """Train the dispatched groups: one verl update for a whole step (``train_unit: step``), else accumulate
+        them and step when the dispatch closes the optimizer step."""
+        rows = DataProto.concat([run.trainable.pop(g) for g in d.training_order]) if d.group_ids else None
+        if rows is None and not (run.pipe.train_unit == "groups" and d.ends_step):
+            return
+        t0 = self.clock.now()
+        whole = run.pipe.train_unit == "step" and len(d.group_ids) == run.pipe.step_groups  # else a short last step
+        out = self._train_step(rows, d.step_index) if whole else self._train_groups(rows, d)
+        run.rnd.trained(d, t0, self.clock.now(), trainer_version=self.weights_version)
+        if out is not None:
+            run.step_outputs.append(out)
+        if rows is not None:
+            run.trained.append(rows)
+
+    def _fit_publish(self, run: _RoundRun) -> None:
+        """Weights v+1 to the rollout side -- only once every group of round v is consumed (the Round checks)."""
+        self.actor_rollout_wg.end_round()
+        run.rnd.check_publishable()
         if self.failover is not None:
             self._drop_dead_replicas(None)  # one that died after its last request must not fail the publish
         t0 = self.clock.now()
         self.checkpoint_manager.update_weights(self.global_steps)
-        timeline.published(t0, self.clock.now())
+        run.rnd.published(t0, self.clock.now())
         self.weights_version += 1
-        self.groups_trained_total += sum(len(rows) for rows in trained) // p.group_size
-        self.last_round = (trained, step_outputs)
-        self.last_round_calls = timeline.calls_per_step()
-        return self._round_metrics(timeline, trained, step_outputs)
+        self.groups_trained_total += sum(len(rows) for rows in run.trained) // run.pipe.group_size
 
     # ---- rollout replicas that die mid-round (disaggregated layout) ---------------------------------------------
     def _drop_dead_replicas(self, cause: BaseException | None) -> None:
         dropped = self.failover.drop_dead()
         if dropped:
-            tqdm.write(f"[rolloutpipe] rollout replica(s) {dropped} died in round {self.global_steps}: removed from "
-                       f"request routing and weight publication; {self.failover.alive} of {self.failover.started} "
-                       "left")
+            logger.info(f"[rolloutpipe] rollout replica(s) {dropped} died in round {self.global_steps}: removed from "
+                        f"request routing and weight publication; {self.failover.alive} of {self.failover.started} "
+                        "left")
         if not self.failover.alive:
             raise NoRolloutReplicaLeftError(f"all {self.failover.started} rollout replicas died") from cause
 
-    def _resend_lost_groups(self, stream: GroupRolloutStream, ledger: GroupLedger, lock: threading.Condition) -> None:
+    def _resend_lost_groups(self, run: _RoundRun) -> None:
         """Groups whose call died with an actor: if a rollout replica is dead, it leaves routing and the groups go
         again (same requests, same seeds) to the survivors; nothing of them was materialized, so each is still
         trained exactly once. Any other dead actor (agent-loop or reward worker) stops the round."""
-        first = next(iter(stream.lost.values()))
+        first = next(iter(run.stream.lost.values()))
         if self.failover is None:
             raise first
         self._drop_dead_replicas(first)
         if not self.failover.dropped:
             raise first  # no replica died: not a failure re-sending can fix
-        lost = sorted(stream.lost)
-        with lock:
-            for gid in lost:
-                ledger.resend(gid)
+        lost = sorted(run.stream.lost)
+        run.rnd.resend(lost)
         for gid in lost:
-            stream.resend(gid)
-        tqdm.write(f"[rolloutpipe] round {self.global_steps}: groups {lost} lost with a dead rollout replica, re-sent "
-                   f"to the {self.failover.alive} surviving replica(s)")
+            run.stream.resend(gid)
+        logger.info(f"[rolloutpipe] round {self.global_steps}: groups {lost} lost with a dead rollout replica, re-sent "
+                    f"to the {self.failover.alive} surviving replica(s)")
 
     def _validate_and_report(self) -> dict:
         """verl's validation (val set, ``val_kwargs`` sampling) between rounds, when no round is in flight."""
@@ -376,8 +394,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
         score = {k: v for k, v in val.items() if k.endswith("/reward/mean@1") or "acc/mean" in k}
         if score:
             self.val_scores.append((self.global_steps, round(float(next(iter(score.values()))), 3)))
-        tqdm.write(f"[rolloutpipe] validation after round {self.global_steps}: "
-                   + " ".join(f"{k}={v:.3f}" for k, v in score.items()))
+        logger.info(f"[rolloutpipe] validation after round {self.global_steps}: "
+                    + " ".join(f"{k}={v:.3f}" for k, v in score.items()))
         return val
 
     # ---- rollout side: one complete group -> trainable rows ---------------------------------------------------
@@ -457,7 +475,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         """``train_unit: step``: one verl update call on the whole step (its U groups)."""
         return self._update_actor(self._with_old_log_probs(rows, step_index))
 
-    def _train_groups(self, rows: DataProto | None, d) -> DataProto | None:  # noqa: ANN001 - a pipeline Dispatch
+    def _train_groups(self, rows: DataProto | None, d) -> DataProto | None:  # a pipeline Dispatch
         """``train_unit: groups``: forward + backward on the groups there are now (verl's update path, routed to the
         worker's ``accumulate``); the optimizer steps when the dispatch closes the step. Returns the step's metrics
         then, else None."""
@@ -468,61 +486,30 @@ class RolloutPipeTrainer(RayPPOTrainer):
         if not d.ends_step:
             return None
         calls, self._step_metrics = self._step_metrics, []
-        metrics = reduce_metrics(_merge([c.meta_info["metrics"] for c in calls]))
+        metrics = reduce_metrics(merge_metric_lists([c.meta_info["metrics"] for c in calls]))
         metrics.update(self.actor_rollout_wg.optimizer_step()[0])
         return DataProto.from_single_dict(data={}, meta_info={"metrics": metrics})
 
     # ---- metrics ------------------------------------------------------------------------------------------------
-    def _round_metrics(self, timeline: RoundTimeline, trained: list[DataProto], outs: list[DataProto]) -> dict:
-        p = self.pipe
+    def _fit_report(self, run: _RoundRun, draw_png: bool | None) -> RoundResult:
+        """The round's timeline files, its metrics (docs/metrics.md) and its one console line."""
+        p, timeline = run.pipe, run.rnd.timeline
         stem = f"round{self.global_steps:04d}_{p.mode}"
         every = self.config.rolloutpipe.timeline_png_every
-        png = self.global_steps == 1 or self.global_steps >= self.total_training_steps or (
-            every > 0 and self.global_steps % every == 0)
+        png = draw_png if draw_png is not None else (self.global_steps == 1 or self.global_steps >= (
+            self.total_training_steps or 0) or (every > 0 and self.global_steps % every == 0))
         timeline.write(self.timeline_dir, stem, png=png)
-        metrics = dict(timeline.metrics())
-        metrics.update(reduce_metrics(_merge([o.meta_info["metrics"] for o in outs])))
-        for b in trained:
-            b.meta_info.pop("global_token_num", None)  # per-step values; the round's batch needs none
-        batch = DataProto.concat(trained)
-        metrics.update(compute_data_metrics(batch=batch, use_critic=False))
-        # responses with no token at all (the engine returned nothing): counted, trained as verl would (reward of "")
-        metrics[PREFIX + "empty_responses"] = float((batch.batch["response_mask"].sum(-1) == 0).sum())
-        # trained groups whose K responses all got advantage 0 (what algorithm.filter_groups drops)
-        metrics[PREFIX + "groups_zero_advantage"] = float(sum(
-            bool(g.abs().sum() == 0) for g in batch.batch["advantages"].split(p.group_size)))
-        metrics[PREFIX + "groups_short"] = float(timeline.ledger.short_by)
-        # mean response length of the groups of each optimizer step (rows are in training order): completion order
-        # trains short answers first, a known bias of streaming RL that the learning curves measure (curves.py)
-        lengths = batch.batch["response_mask"].sum(-1).float()
-        for s, chunk in enumerate(lengths.split(p.step_groups * p.group_size)):
-            metrics[f"{PREFIX}response_length/step{s}"] = float(chunk.mean())
-        if "reward_error" in batch.non_tensor_batch:
-            metrics[PREFIX + "reward_errors"] = float(np.sum(batch.non_tensor_batch["reward_error"].astype(float)))
-        if p.old_log_prob == "snapshot" and "rollout_log_probs" in batch.batch.keys():
-            # vLLM's log-probs vs the trainer's under the same weights v: small only if the publish reached vLLM
-            mask = batch.batch["response_mask"].float()
-            gap = (batch.batch["rollout_log_probs"] - batch.batch["old_log_probs"]).abs() * mask
-            metrics[PREFIX + "rollout_vs_trainer_logprob_diff"] = float(gap.sum() / mask.sum())
+        metrics = round_metrics(timeline, run.trained, run.step_outputs, p.group_size, p.step_groups,
+                                snapshot=p.old_log_prob == "snapshot")
+        metrics.update({f"timing_s/{k}": v for k, v in run.timing.items()})
         if self.failover is not None:
             metrics[PREFIX + "rollout_replicas_alive"] = float(self.failover.alive)
         metrics["training/global_step"] = self.global_steps
         self.round_rewards.append(float(metrics["critic/score/mean"]))
-        m = {k.removeprefix(PREFIX): v for k, v in metrics.items() if k.startswith(PREFIX)}
-        tqdm.write(
-            f"[rolloutpipe] round {self.global_steps} mode={p.mode} R={p.num_groups} K={p.group_size} "
-            f"U={p.step_groups} reward={metrics['critic/score/mean']:.3f} "
-            f"rollout_to_train_end={m['rollout_to_train_end_s']:.2f}s wait_ratio={m['trainer_wait_ratio']:.1%} "
-            f"first_dispatch={m['first_dispatch_s']:.2f}s overlap_eff={m['overlap_efficiency']:.2f} "
-            f"publish={m.get('publish_s', 0):.2f}s "
-            f"lp_diff={metrics.get(PREFIX + 'rollout_vs_trainer_logprob_diff', float('nan')):.4f} "
-            + (f"reward_errors={metrics[PREFIX + 'reward_errors']:.0f} " if metrics.get(PREFIX + "reward_errors")
-               else "")
-            + (f"filtered={m['groups_filtered']:.0f} short_by={m['groups_short']:.0f} "
-               if p.filter_metric is not None else "")
-            + f"timeline={self.timeline_dir / stem}.{'png' if png else 'json'}"
-        )
-        return metrics
+        path = self.timeline_dir / f"{stem}.{'png' if png else 'json'}"
+        logger.info(round_line(self.global_steps, p, metrics, path))
+        return RoundResult(metrics, run.trained, run.step_outputs, timeline.calls_per_step(), timeline,
+                           self.timeline_dir / f"{stem}.json")
 
 
 class DisaggregatedRolloutPipeTrainer(RolloutPipeTrainer, OneStepOffRayTrainer):
@@ -536,11 +523,3 @@ def request_seed(base: int, round_index: int, group_id: int, group_size: int) ->
     """First vLLM seed of a group's K requests: a function of (base, round, group) only, so the same round
     regenerates the same samples in a resumed run, whatever the admission order."""
     return (base * 1_000_003 + round_index * 65_537 + group_id * group_size) % (2**31 - group_size)
-
-
-def _merge(dicts: list[dict]) -> dict[str, list]:
-    out: dict[str, list] = {}
-    for d in dicts:
-        for k, v in d.items():
-            out.setdefault(k, []).extend(v if isinstance(v, list) else [v])
-    return out

@@ -40,14 +40,17 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
+import ray
 from verl import DataProto
 from verl.trainer.ppo.ray_trainer import compute_advantage
 
+from .logs import get_logger
 from .provenance import git_commit, machine
 from .rollout_stream import GroupRolloutStream
 from .trainer import request_seed
 
 R, U = 16, 4
+logger = get_logger("recipe.rolloutpipe.verify_onpolicy")
 
 
 def serial_order_for_dp(rows: DataProto, rows_per_step: int, dp: int) -> DataProto:
@@ -65,19 +68,19 @@ def _max_abs_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-def _scalar(x):  # noqa: ANN001, ANN202 - verl reports a step's metric as a one-element list
+def _scalar(x):  # verl reports a step's metric as a one-element list
     return x[0] if isinstance(x, list) and len(x) == 1 else x
 
 
-def _masked_max_abs(a, b, mask) -> float:  # noqa: ANN001
+def _masked_max_abs(a, b, mask) -> float:
     return float(((a - b).abs() * mask).max())
 
 
-def _max_abs_rows(a, b, rows) -> float | None:  # noqa: ANN001 - tensors; rows: a bool mask over their rows
+def _max_abs_rows(a, b, rows) -> float | None:  # tensors; rows: a bool mask over their rows
     return float((a[rows] - b[rows]).abs().max()) if bool(rows.any()) else None
 
 
-def _regenerate_serially(trainer, batch: DataProto, uids: list[str]) -> dict[int, DataProto]:  # noqa: ANN001
+def _regenerate_serially(trainer, batch: DataProto, uids: list[str]) -> dict[int, DataProto]:
     """The round generated again as verl's serial trainer does it -- every group at once, FCFS -- from the weights
     vLLM holds now, each request with the seed the pipelined run gave it. Returns each group's K rows (with the
     pipelined run's prompt uids, so rows line up)."""
@@ -101,7 +104,7 @@ def _regenerate_serially(trainer, batch: DataProto, uids: list[str]) -> dict[int
     return {gid: trainer.group_rows(batch[gid : gid + 1], out) for gid, out in outs.items()}
 
 
-def _score_batchwise(trainer, rows: DataProto) -> DataProto:  # noqa: ANN001
+def _score_batchwise(trainer, rows: DataProto) -> DataProto:
     """Rewards and GRPO advantages of the whole round at once, as verl's serial trainer computes them: verl's
     ``NaiveRewardManager`` decodes every response and calls the run's reward function; ``compute_advantage``
     normalises within each uid over the batch."""
@@ -120,18 +123,18 @@ def _score_batchwise(trainer, rows: DataProto) -> DataProto:  # noqa: ANN001
 
 
 @contextmanager
-def _publishing_after_first_step(trainer) -> Iterator[None]:  # noqa: ANN001
+def _publishing_after_first_step(trainer) -> Iterator[None]:
     """The bug the negative control injects: the trainer's weights reach vLLM right after the round's first
     optimizer step, while later groups of the round are still to be sampled."""
     train_step, train_groups = trainer._train_step, trainer._train_groups
 
-    def step_then_publish(rows, step_index):  # noqa: ANN001, ANN202
+    def step_then_publish(rows, step_index):
         out = train_step(rows, step_index)
         if step_index == 0:
             trainer.checkpoint_manager.update_weights(trainer.global_steps)
         return out
 
-    def groups_then_publish(rows, d):  # noqa: ANN001, ANN202
+    def groups_then_publish(rows, d):
         out = train_groups(rows, d)
         if d.ends_step and d.step_index == 0:
             trainer.checkpoint_manager.update_weights(trainer.global_steps)
@@ -144,7 +147,7 @@ def _publishing_after_first_step(trainer) -> Iterator[None]:  # noqa: ANN001
         del trainer._train_step, trainer._train_groups  # the class's methods again
 
 
-def verify_in_trainer(trainer) -> dict:  # noqa: ANN001 - a RolloutPipeTrainer, workers started
+def verify_in_trainer(trainer) -> dict:  # a RolloutPipeTrainer, workers started
     wg = trainer.actor_rollout_wg
     trainer.global_steps = 1
     trainer.checkpoint_manager.update_weights(0)
@@ -170,16 +173,15 @@ def verify_in_trainer(trainer) -> dict:  # noqa: ANN001 - a RolloutPipeTrainer, 
         Path(out).write_text(json.dumps(result, indent=1))
     n = R * trainer.pipe.group_size
     nc = result["negative_control"]
-    print(f"[rolloutpipe] verify_onpolicy: pipelined vs serial round: {result['responses_differing']} of {n} "
-          f"responses differ, sampling log-probs by {result['max_abs_sampling_logprob_diff']:.3g}, "
-          f"max |dw| {result['max_abs_weight_diff']:.3g}, max |dgrad| "
-          f"{result['max_abs_grad_diff']:.3g}, max |d old log-prob| {result['max_abs_old_logprob_diff']:.3g}",
-          flush=True)
-    print(f"[rolloutpipe] verify_onpolicy negative control ({nc['injected']}): "
-          + ("DETECTED" if nc["detected"] else "NOT DETECTED -- the check is blind")
-          + f": {nc['responses_differing']} of {n} responses differ, vLLM's sampling log-probs by up to "
-          f"{nc['max_abs_sampling_logprob_diff']:.3g} (same responses), max |dw| {nc['max_abs_weight_diff']:.3g}",
-          flush=True)
+    g = lambda x: "n/a" if x is None else f"{x:.3g}"  # None: not comparable where responses differ
+    logger.info(f"[rolloutpipe] verify_onpolicy: pipelined vs serial round: {result['responses_differing']} of {n} "
+                f"responses differ, sampling log-probs by {g(result['max_abs_sampling_logprob_diff'])}, "
+                f"max |dw| {g(result['max_abs_weight_diff'])}, max |dgrad| {g(result['max_abs_grad_diff'])}, "
+                f"max |d old log-prob| {g(result['max_abs_old_logprob_diff'])}")
+    logger.info(f"[rolloutpipe] verify_onpolicy negative control ({nc['injected']}): "
+                + ("DETECTED" if nc["detected"] else "NOT DETECTED -- the check is blind")
+                + f": {nc['responses_differing']} of {n} responses differ, vLLM's sampling log-probs by up to "
+                f"{g(nc['max_abs_sampling_logprob_diff'])} (same responses), max |dw| {g(nc['max_abs_weight_diff'])}")
     return result
 
 
@@ -188,7 +190,7 @@ def verify_in_trainer(trainer) -> dict:  # noqa: ANN001 - a RolloutPipeTrainer, 
 SAMPLING_LOGPROB_TOLERANCE = 1e-4
 
 
-def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: dict,  # noqa: ANN001
+def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: dict,
                  stale_publish: bool = False) -> dict:
     """One pipelined round from the round's start state (with the off-policy bug injected if ``stale_publish``),
     then the serial reference from the same state; what differs."""
@@ -198,9 +200,8 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
     wg.record_step_grads(True)
     batch = first_batch()
     with _publishing_after_first_step(trainer) if stale_publish else nullcontext():
-        trainer.fit_round(batch)
-    trained, step_outputs = trainer.last_round
-    calls = trainer.last_round_calls
+        result = trainer.fit_round(batch)
+    trained, step_outputs, calls = result.trained, result.step_outputs, result.calls_per_step
     pipe_grads = wg.pop_step_grads()[0]
     pipe_weights = wg.get_weights()[0]
     rows = DataProto.concat(trained)  # the round in training order
@@ -235,7 +236,7 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
     wg.record_step_grads(False)
 
     assert len(pipe_grads) == len(serial_grads) == R // U, (len(pipe_grads), len(serial_grads))
-    norm = lambda g: math.sqrt(sum(float(t.double().pow(2).sum()) for t in g.values()))  # noqa: E731
+    norm = lambda g: math.sqrt(sum(float(t.double().pow(2).sum()) for t in g.values()))
     pipe_rollout_lp = rows.batch["rollout_log_probs"]
     pipe_mask = rows.batch["response_mask"].float()
     result = {
@@ -269,7 +270,7 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
     return result
 
 
-def _replay_one_group_per_call(trainer, rows: DataProto) -> tuple[dict, list[dict]]:  # noqa: ANN001
+def _replay_one_group_per_call(trainer, rows: DataProto) -> tuple[dict, list[dict]]:
     """The round's groups again from the round's start state, one ``accumulate`` call per group: final weights
     and every step's gradients (before clipping)."""
     from .pipeline import Dispatch
@@ -284,6 +285,27 @@ def _replay_one_group_per_call(trainer, rows: DataProto) -> tuple[dict, list[dic
     return wg.get_weights()[0], wg.pop_step_grads()[0]
 
 
+class _Verifying:
+    """A RolloutPipe trainer whose ``fit`` is the verification (mixed in front of the layout's trainer class)."""
+
+    def fit(self) -> None:
+        self.report_trainer_pool()
+        verify_in_trainer(self)
+
+
+@ray.remote
+class VerifyTaskRunner:
+    """The recipe's task runner with the verifying trainer: the same workers and start-up as a training run."""
+
+    def run(self, config) -> None:
+        from .runner import run_task
+        from .trainer import DisaggregatedRolloutPipeTrainer, RolloutPipeTrainer
+
+        run_task(config, hybrid_cls=type("VerifyingTrainer", (_Verifying, RolloutPipeTrainer), {}),
+                 disaggregated_cls=type("VerifyingDisaggregatedTrainer", (_Verifying, DisaggregatedRolloutPipeTrainer),
+                                        {}))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, required=True, help="where to write the result")
@@ -294,14 +316,14 @@ def main(argv: list[str] | None = None) -> int:
     from .main import CONFIG_DIR, run
 
     overrides = [
-        "rolloutpipe.task=verify_onpolicy", f"rolloutpipe.verify_out={args.json.resolve()}",
+        f"rolloutpipe.verify_out={args.json.resolve()}",
         "rolloutpipe.mode=cgp_fgd", "rolloutpipe.old_log_prob=snapshot", "rolloutpipe.sampling_seed=0",
         f"data.train_batch_size={R}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={U}", "data.shuffle=false", *args.overrides,
     ]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose(config_name="rolloutpipe", overrides=overrides)
-    run(cfg)
+    run(cfg, task_runner_class=VerifyTaskRunner)
     result = json.loads(args.json.read_text())
     print(json.dumps(result, indent=1))
     # the two binary facts; the numeric tolerances are the tests' (tests/conftest.py)

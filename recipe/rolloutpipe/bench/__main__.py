@@ -22,7 +22,7 @@ from .pinning import pool_env
 from .report import write_all
 
 
-def load_config(quick: bool, overrides: list[str]):  # noqa: ANN201
+def load_config(quick: bool, overrides: list[str]):
     """config/rolloutpipe.yaml, then config/rolloutpipe_bench.yaml, then --quick, then ``key=value`` overrides."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose(config_name="rolloutpipe")

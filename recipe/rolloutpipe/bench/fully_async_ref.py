@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import OmegaConf, open_dict
 
 
-def build_config(overrides: list[str]):  # noqa: ANN201
+def build_config(overrides: list[str]):
     import verl.experimental.fully_async_policy as fa
 
     from ..main import apply_layout

@@ -14,14 +14,16 @@ import numpy as np
 import ray
 from tqdm import tqdm
 
+from ..logs import get_logger
+from ..pipeline.modes import parse_mode_spec
+from ..workloads import LengthProfile, describe, round_lengths
 from .agent_loop import AGENT_NAME, LENGTHS_COLUMN
-from .modes import parse_mode_spec
-from .workloads import LengthProfile, describe, round_lengths
 
 START_STATE = "bench_start"
+logger = get_logger(__name__)
 
 
-def make_round(trainer, profile: LengthProfile, round_index: int, num_groups: int, seed: int):  # noqa: ANN001, ANN201
+def make_round(trainer, profile: LengthProfile, round_index: int, num_groups: int, seed: int):
     """Round ``round_index`` of a setting: R prompts of the train set plus their prescribed response lengths."""
     from verl import DataProto
     from verl.utils.dataset.rl_dataset import collate_fn
@@ -37,7 +39,7 @@ def make_round(trainer, profile: LengthProfile, round_index: int, num_groups: in
     return batch, lengths
 
 
-def lengths_honoured(trained: list, batch, lengths: list[list[int]]) -> float:  # noqa: ANN001
+def lengths_honoured(trained: list, batch, lengths: list[list[int]]) -> float:
     """Share of trained responses whose length is exactly the one the workload prescribed (must be 1.0).
     Rows of a group are its K samples in order (verl's interleaved repeat); the prompt's uid names the group."""
     by_uid = dict(zip(batch.non_tensor_batch["uid"], lengths, strict=True))
@@ -51,7 +53,7 @@ def lengths_honoured(trained: list, batch, lengths: list[list[int]]) -> float:  
     return hits / max(1, total)
 
 
-def run_setting(trainer, profile: LengthProfile, num_groups: int, mode: str, bench, out_dir: Path) -> dict:  # noqa: ANN001
+def run_setting(trainer, profile: LengthProfile, num_groups: int, mode: str, bench, out_dir: Path) -> dict:
     """Every round of one (workload, R, mode), from the saved start state; returns per-round metrics."""
     from .pinning import cpu_seconds, pin_pools
 
@@ -60,10 +62,10 @@ def run_setting(trainer, profile: LengthProfile, num_groups: int, mode: str, ben
     trainer.actor_rollout_wg.load_train_state(START_STATE)
     trainer.checkpoint_manager.update_weights(0)
     spec = parse_mode_spec(mode)
-    trainer.pipe = dataclasses.replace(trainer.pipe, mode=spec.mode, num_groups=num_groups,
-                                       fgd_strength=spec.fgd_strength or trainer.pipe.fgd_strength,
-                                       frontier_width=spec.frontier_width or trainer.pipe.frontier_width,
-                                       train_unit=spec.train_unit or trainer.pipe.train_unit)
+    pipe = dataclasses.replace(trainer.pipe, mode=spec.mode, num_groups=num_groups,
+                               fgd_strength=spec.fgd_strength or trainer.pipe.fgd_strength,
+                               frontier_width=spec.frontier_width or trainer.pipe.frontier_width,
+                               train_unit=spec.train_unit or trainer.pipe.train_unit)
     setting_dir = f"{profile.name}_R{num_groups}/{mode.replace(':', '_').replace('/', '_w').replace('+', '_')}"
     trainer.timeline_dir = out_dir / "timelines" / setting_dir
     rounds = []
@@ -72,32 +74,31 @@ def run_setting(trainer, profile: LengthProfile, num_groups: int, mode: str, ben
         batch, lengths = make_round(trainer, profile, i, num_groups, int(bench.seed))
         trainer.global_steps = i + 1
         t0, cpu0 = time.monotonic(), cpu_seconds()
-        metrics = trainer.fit_round(batch)
+        result = trainer.fit_round(batch, pipe=pipe, draw_png=i == 0)  # one Gantt PNG per setting
         cpu1 = cpu_seconds()
         cpu = {k: round(v - cpu0.get(k, 0.0), 3) for k, v in cpu1.items() if v - cpu0.get(k, 0.0) >= 0.01}
         rounds.append({"round": i + 1, "warmup": i < int(bench.warmup_rounds), "wall_s": time.monotonic() - t0,
                        "cpu_s": dict(sorted(cpu.items(), key=lambda kv: -kv[1])),
                        "workload_shape": describe(lengths, int(trainer.config.data.max_response_length)),
-                       "lengths_honoured": lengths_honoured(trainer.last_round[0], batch, lengths),
-                       "timeline": str(trainer.timeline_dir / f"round{i + 1:04d}_{spec.mode}.json"),
-                       "metrics": {k: float(v) for k, v in metrics.items() if k.startswith("rolloutpipe/")}})
+                       "lengths_honoured": lengths_honoured(result.trained, batch, lengths),
+                       "timeline": str(result.timeline_path),
+                       "metrics": {k: float(v) for k, v in result.metrics.items() if k.startswith("rolloutpipe/")}})
     return {"workload": profile.name, "R": num_groups, "mode": mode, "rounds": rounds, "pinned": pinned}
 
 
 @ray.remote
 class BenchTaskRunner:
-    def run(self, config) -> dict:  # noqa: ANN001
+    def run(self, config) -> dict:
         from ..runner import build_disaggregated_trainer
         bench = config.rolloutpipe.bench
         trainer = build_disaggregated_trainer(config)
         trainer.init_workers()
         trainer.actor_rollout_wg.save_train_state(START_STATE)
-        trainer.total_training_steps = 10**9  # Gantt PNGs only for round 1 of each setting
         out_dir = Path(bench.out_dir)
         profiles = [LengthProfile.from_mapping(n, bench.profiles[n]) for n in bench.workloads]
         plan = [(p, r, m) for p in profiles for r in bench.sizes for m in bench.modes]
         results = []
         for p, r, m in tqdm(plan, desc="bench settings", unit="setting"):
-            tqdm.write(f"[rolloutpipe bench] workload={p.name} R={r} mode={m}")
+            logger.info(f"[rolloutpipe bench] workload={p.name} R={r} mode={m}")
             results.append(run_setting(trainer, p, int(r), m, bench, out_dir))
         return {"pinned": results[-1]["pinned"] if results else {}, "results": results}

@@ -21,10 +21,13 @@ from .ledger import (
     PipelineStallError,
     RoundAbortedError,
 )
+from .modes import TRAINER_MODES, FgdStrength, Mode
+from .round import Round, RoundShape
 from .timeline import PREFIX, RoundTimeline, TrainerInterval, plot_gantt
 
 __all__ = [
     "PREFIX",
+    "TRAINER_MODES",
     "AdaptiveFrontierAdmission",
     "Admission",
     "AdmissionPolicy",
@@ -32,16 +35,20 @@ __all__ = [
     "CompleteGroupFIFO",
     "Dispatch",
     "DispatchMode",
+    "FgdStrength",
     "FifoAdmission",
     "FrontierAdmission",
     "GroupLedger",
     "GroupRecord",
     "GroupState",
     "ManualClock",
+    "Mode",
     "MonotonicClock",
     "PipelineInvariantError",
     "PipelineStallError",
+    "Round",
     "RoundAbortedError",
+    "RoundShape",
     "RoundTimeline",
     "TrainerInterval",
     "dispatch_mode_of",

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .ledger import GroupLedger, PipelineInvariantError
+from .modes import Mode
 
 DispatchMode = Literal["sync", "cgp"]
 
@@ -32,7 +33,7 @@ class Dispatch:
 
 def dispatch_mode_of(mode: str) -> DispatchMode:
     """The FIFO release rule of a RolloutPipe mode: ``sync`` waits for the whole round; every other mode is CGP."""
-    return "sync" if mode == "sync" else "cgp"
+    return "sync" if mode == Mode.SYNC else "cgp"
 
 
 class CompleteGroupFIFO:

@@ -8,11 +8,11 @@ The *frontier* is the ``width`` lowest-order groups that are not yet serving-com
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 from .ledger import GroupLedger, GroupRecord, GroupState
+from .modes import FgdStrength, Mode
 
-FgdStrength = Literal["hold", "priority"]
 _NOT_DONE = (GroupState.SUBMITTED, GroupState.ADMITTED)
 
 
@@ -51,10 +51,10 @@ class FifoAdmission:
 class FrontierAdmission:
     """Frontier-group dispatch with a fixed frontier width ``F_w``."""
 
-    def __init__(self, width: int, strength: FgdStrength = "hold") -> None:
+    def __init__(self, width: int, strength: str = FgdStrength.HOLD) -> None:
         if width < 1:
             raise ValueError(f"frontier width must be >= 1, got {width}")
-        if strength not in ("hold", "priority"):
+        if strength not in tuple(FgdStrength):
             raise ValueError(f"fgd strength must be 'hold' or 'priority', got {strength!r}")
         self.width = width
         self.strength = strength
@@ -67,7 +67,7 @@ class FrontierAdmission:
         return [g.order for g in ledger.in_state(*_NOT_DONE)[: self.current_width(ledger)]]
 
     def admit(self, ledger: GroupLedger) -> list[Admission]:
-        if self.strength == "priority":
+        if self.strength == FgdStrength.PRIORITY:
             # Priorities are fixed when a request enters vLLM, so encode the frontier rank statically as the
             # submission order: whatever the frontier is later, its groups carry the lowest values still waiting.
             return _admit_all(ledger, ledger.in_state(GroupState.SUBMITTED), priority_of_order=True)
@@ -85,7 +85,7 @@ class AdaptiveFrontierAdmission(FrontierAdmission):
     """
 
     def __init__(self, min_width: int, target_running: int, max_width: int | None = None) -> None:
-        super().__init__(min_width, "hold")
+        super().__init__(min_width, FgdStrength.HOLD)
         if target_running < 1:
             raise ValueError(f"target_running must be >= 1, got {target_running}")
         self.target_running = target_running
@@ -104,14 +104,14 @@ class AdaptiveFrontierAdmission(FrontierAdmission):
 
 
 def make_admission(
-    mode: str, frontier_width: int, strength: FgdStrength = "hold", target_running: int | None = None
+    mode: str, frontier_width: int, strength: str = FgdStrength.HOLD, target_running: int | None = None
 ) -> AdmissionPolicy:
     """The admission policy of a RolloutPipe mode (``sync``, ``cgp``, ``cgp_fgd``, ``cgp_fgd_adaptive``)."""
-    if mode in ("sync", "cgp"):
+    if mode in (Mode.SYNC, Mode.CGP):
         return FifoAdmission()
-    if mode == "cgp_fgd":
+    if mode == Mode.CGP_FGD:
         return FrontierAdmission(frontier_width, strength)
-    if mode == "cgp_fgd_adaptive":
+    if mode == Mode.CGP_FGD_ADAPTIVE:
         if target_running is None:
             raise ValueError("cgp_fgd_adaptive needs target_running (the engine's max running sequences)")
         return AdaptiveFrontierAdmission(frontier_width, target_running)

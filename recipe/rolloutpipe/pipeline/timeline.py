@@ -32,8 +32,12 @@ class TrainerInterval:
 
 
 class RoundTimeline:
-    def __init__(self, ledger: GroupLedger | None, clock: Clock | None = None) -> None:
+    def __init__(self, ledger: GroupLedger | None, clock: Clock | None = None,
+                 settings: dict[str, Any] | None = None) -> None:
         self.ledger = ledger
+        # the round's shape as configured (R, K, U, F_w, mode, fgd_strength): what a reader of the JSON -- e.g.
+        # ``sim --from-run`` -- needs to replay the round
+        self.settings: dict[str, Any] = dict(settings or {})
         self.clock = clock or (ledger.clock if ledger else None)
         self.intervals: list[TrainerInterval] = []
         self.publish: tuple[float, float] | None = None
@@ -70,6 +74,7 @@ class RoundTimeline:
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": self.ledger.version if self.ledger else None,
+            "settings": self.settings,
             "groups": self.groups,
             "intervals": [asdict(iv) for iv in self.intervals],
             "publish": list(self.publish) if self.publish else None,
@@ -78,7 +83,7 @@ class RoundTimeline:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RoundTimeline:
-        tl = cls(None)
+        tl = cls(None, settings=data.get("settings"))
         tl._groups = data["groups"]
         tl.intervals = [TrainerInterval(**{**iv, "group_ids": tuple(iv["group_ids"])}) for iv in data["intervals"]]
         tl.publish = tuple(data["publish"]) if data.get("publish") else None

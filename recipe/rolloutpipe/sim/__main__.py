@@ -54,7 +54,7 @@ def what_if(out_dir: Path, workload: str = "OlyPhys") -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     res: dict = {}
 
-    def sweep(name: str, xs: list, build, xlabel: str) -> None:  # noqa: ANN001 - build(x, mode, strength) -> args
+    def sweep(name: str, xs: list, build, xlabel: str) -> None:  # build(x, mode, strength) -> args
         rows = {f"{m}/{s}": [_end(*build(x, m, s)) for x in xs] for m, s in MODES_ALL}
         res[name] = {"x": xs, **rows}
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -73,7 +73,7 @@ def what_if(out_dir: Path, workload: str = "OlyPhys") -> dict:
         plt.close(fig)
 
     # 10 GPUs split between rollout (r) and training (10 - r); speeds scale linearly from the paper's 2:8 split
-    def split(r, m, s):  # noqa: ANN001, ANN202
+    def split(r, m, s):
         eng = replace(ENGINE, step_base_s=ENGINE.step_base_s * 2 / r, step_per_seq_s=ENGINE.step_per_seq_s * 2 / r,
                       max_running=ENGINE.max_running * r // 2, kv_tokens=ENGINE.kv_tokens * r // 2)
         tr = replace(TRAINER, per_group_s=TRAINER.per_group_s * 8 / (10 - r))
@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-bench", type=Path, metavar="RAW",
                     help="bench_raw.json of python -m recipe.rolloutpipe.bench: calibrate on each setting's sync "
                          "rounds, predict every mode, print the errors")
-    ap.add_argument("--mode", default="cgp_fgd", help="the mode PATH was measured in (--from-run)")
+    ap.add_argument("--mode", default=None,
+                    help="the mode PATH was measured in (--from-run; default: the mode its settings record)")
     ap.add_argument("--workload", default="LSAT-AR", choices=sorted(WORKLOAD_SHAPES),
                     help="length profile for --from-run when the run's lengths are not in the timeline")
     ap.add_argument("--seed", type=int, default=0)
@@ -141,17 +142,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             args.json.write_text(json.dumps(records, indent=1))
     if args.from_run:
-        data = json.loads(args.from_run.read_text())
-        tl = RoundTimeline.from_dict(data)
+        tl = RoundTimeline.from_dict(json.loads(args.from_run.read_text()))
+        if not {"K", "U"} <= set(tl.settings):
+            raise SystemExit(f"rolloutpipe sim: {args.from_run} has no 'settings' with K and U (a timeline written "
+                             "before they were recorded): rerun the round to get a current timeline")
         n = sum(1 for g in tl.groups if g["state"] != "filtered")
-        spec = RoundSpec(n, group_size=data.get("group_size", 8), step_groups=data.get("step_groups", 2),
-                         seed=args.seed)
+        spec = RoundSpec(n, group_size=int(tl.settings["K"]), step_groups=int(tl.settings["U"]), seed=args.seed)
         w = calibrated(args.workload)
-        eng, tr = calibrate_from_run(tl, w, args.mode, spec)
+        measured_mode = args.mode or tl.settings.get("mode", "cgp_fgd")
+        eng, tr = calibrate_from_run(tl, w, measured_mode, spec)
         preds = []
         for mode, strength in MODES_ALL:
             pm = simulate_round(replace(spec, mode=mode, fgd_strength=strength), w, eng, tr).metrics()
-            preds.append({"mode": mode, "fgd_strength": strength,
+            preds.append({"mode": mode, "fgd_strength": strength, "K": spec.group_size, "U": spec.step_groups,
                           **{k.split("/")[1]: round(v, 3) for k, v in pm.items()}})
             print(f"{mode:17} {strength:8} rollout_to_train_end_s={pm['rolloutpipe/rollout_to_train_end_s']:.2f} "
                   f"trainer_wait_ratio={pm['rolloutpipe/trainer_wait_ratio']:.1%}")

@@ -23,7 +23,7 @@ def scaled_engine(base: EngineModel, scale: float) -> EngineModel:
                    prefill_per_token_s=base.prefill_per_token_s * scale)
 
 
-def fit_engine_scale(spec: RoundSpec, workload, base: EngineModel, trainer: TrainerModel,  # noqa: ANN001
+def fit_engine_scale(spec: RoundSpec, workload, base: EngineModel, trainer: TrainerModel,
                      rollout_s: float) -> EngineModel:
     """``base`` scaled so that the simulated round's rollout lasts ``rollout_s`` (the measured one)."""
     scale = bisect_increasing(

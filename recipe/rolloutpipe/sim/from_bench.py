@@ -18,8 +18,8 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..bench.modes import parse_mode_spec
-from ..bench.workloads import LengthProfile, round_lengths
+from ..pipeline.modes import parse_mode_spec
+from ..workloads import LengthProfile, round_lengths
 from .calibrate import bisect_increasing, fit_engine_scale
 from .simulator import EngineModel, RoundSpec, TrainerModel, simulate_round
 

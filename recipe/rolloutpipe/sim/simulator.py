@@ -11,14 +11,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from ..pipeline import (
-    CompleteGroupFIFO,
-    GroupLedger,
-    ManualClock,
-    RoundTimeline,
-    dispatch_mode_of,
-    make_admission,
-)
+from ..pipeline import ManualClock, Round, RoundShape, RoundTimeline
 
 
 @dataclass(frozen=True)
@@ -169,11 +162,9 @@ def simulate_round(
     extra = spec.max_extra_groups
     lengths = workload.lengths(spec.num_groups + extra, spec.group_size, rng)
     filtered = [rng.random() < spec.filter_p for _ in lengths]
-    ledger = GroupLedger(0, spec.num_groups, spec.group_size, max_extra_groups=extra, clock=clock)
-    fifo = CompleteGroupFIFO(ledger, dispatch_mode_of(spec.mode), spec.step_groups)
-    admission = make_admission(spec.mode, spec.frontier_width, spec.fgd_strength,  # type: ignore[arg-type]
-                               target_running=engine.max_running)
-    timeline = RoundTimeline(ledger)
+    rnd = Round(0, RoundShape(spec.num_groups, spec.group_size, spec.step_groups, mode=spec.mode,
+                              frontier_width=spec.frontier_width, fgd_strength=spec.fgd_strength,
+                              max_extra_groups=extra, target_running=engine.max_running), clock)
     eng = _Engine(engine, workload.prompt_tokens)
     arrival = iter(rng.sample(range(10**7), 10**4) if engine.fcfs_shuffle else range(10**7))
     events: list[tuple[float, int, str, object]] = []  # (time, seq, kind, payload)
@@ -185,7 +176,7 @@ def simulate_round(
         seq += 1
 
     def admit_new() -> None:
-        for a in admission.admit(ledger):
+        for a in rnd.admit():
             for length in lengths[a.group_id]:
                 # vLLM orders waiting requests by (priority, arrival); under FCFS all priorities are 0.
                 heapq.heappush(eng.waiting, ((a.priority, next(arrival)), a.group_id, length))
@@ -215,7 +206,7 @@ def simulate_round(
         nonlocal trainer_busy_until
         if trainer_busy_until > clock.now():
             return
-        d = fifo.take(whole_step=trainer.whole_step)
+        d = rnd.take(whole_step=trainer.whole_step)
         if d is None:
             set_contention(False)
             return
@@ -238,7 +229,7 @@ def simulate_round(
             if epoch != engine_epoch:
                 continue
             for s in eng.advance(n, t):
-                if ledger.finish_request(s.group):
+                if rnd.request_finished(s.group):
                     push(t + trainer.reward_s, "reward", s.group)
                     admit_new()  # hold: the frontier moved
             eng.admit()
@@ -246,19 +237,17 @@ def simulate_round(
         elif kind == "reward":
             gid = payload
             if filtered[gid]:
-                if ledger.filter(gid) is not None:  # a replacement group enters mid-flight
+                if rnd.filtered(gid):  # a replacement group enters mid-flight
                     eng.sync_to(clock.now())
                     admit_new()
                     schedule_engine()
             else:
-                ledger.materialize(gid)
+                rnd.materialized(gid)
             try_train()
         elif kind == "trained":
             start, d = payload
-            timeline.trainer_busy(start, t, d.step_index, d.group_ids)
-            ledger.consume(d.group_ids, trainer_version=0)
+            rnd.trained(d, start, t, trainer_version=0)
             try_train()
-    fifo.check_drained()
-    timeline.published(clock.now(), clock.now() + trainer.publish_s)
-    ledger.mark_published()
-    return timeline
+    rnd.check_publishable()
+    rnd.published(clock.now(), clock.now() + trainer.publish_s)
+    return rnd.timeline

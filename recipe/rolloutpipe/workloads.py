@@ -1,4 +1,4 @@
-"""Response-length workloads for the benchmark (pure Python, no heavy imports).
+"""Response-length workloads for the benchmark and the simulator's check against it (pure Python).
 
 A workload fixes, per prompt group, the K response lengths that the rollout will produce: the bench sends each
 request with ``max_tokens`` = that length and ``ignore_eos`` (``agent_loop.LengthProfileAgentLoop``), so the

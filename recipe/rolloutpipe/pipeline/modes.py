@@ -1,0 +1,48 @@
+"""The names of RolloutPipe's modes, in one place (config values, bench and curve labels, timelines)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import NamedTuple
+
+
+class Mode(str, Enum):
+    """``rolloutpipe.mode``: how a round is pipelined (a ``str``, so config values compare equal)."""
+
+    SYNC = "sync"  # serial baseline on the recipe's code path: train once the whole round is in
+    CGP = "cgp"  # complete-group pipelining, engine FCFS admission
+    CGP_FGD = "cgp_fgd"  # + frontier-group dispatch
+    CGP_FGD_ADAPTIVE = "cgp_fgd_adaptive"  # + a frontier width that keeps the engine full (simulator)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class FgdStrength(str, Enum):
+    """``rolloutpipe.fgd_strength``: how FGD orders the engine."""
+
+    HOLD = "hold"  # only frontier groups enter the engine
+    PRIORITY = "priority"  # everything enters; vLLM's priority scheduler serves the frontier first
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TRAINER_MODES = (Mode.SYNC, Mode.CGP, Mode.CGP_FGD)  # the modes the real trainer runs
+STOCK = "stock"  # verl's own trainer (rolloutpipe.trainer=stock): the reference every speed figure is against
+
+
+# The bench's (and the simulator check's) mode strings: ``mode[:fgd_strength][/frontier_width][+groups]``, e.g.
+# ``cgp``, ``cgp_fgd:priority``, ``cgp_fgd:hold/4``, ``cgp_fgd:hold+groups`` (``rolloutpipe.train_unit=groups``).
+class ModeSpec(NamedTuple):
+    mode: str  # sync | cgp | cgp_fgd
+    fgd_strength: str | None  # hold | priority | None (the config's)
+    frontier_width: int | None  # None: the config's F_w
+    train_unit: str | None = None  # step | groups | None (the config's)
+
+
+def parse_mode_spec(spec: str) -> ModeSpec:
+    spec, _, unit = spec.partition("+")
+    head, _, width = spec.partition("/")
+    mode, _, strength = head.partition(":")
+    return ModeSpec(mode, strength or None, int(width) if width else None, unit or None)

@@ -1,0 +1,69 @@
+"""A round's metrics, assembled in one place: the pipeline timeline's (DESIGN.md §4), verl's own data and actor
+metrics over the rows trained, and the recipe's health counters (docs/metrics.md); plus the round's console line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from verl import DataProto
+from verl.trainer.ppo.metric_utils import compute_data_metrics
+from verl.utils.metric import reduce_metrics
+
+from .pipeline import PREFIX, RoundTimeline
+
+
+def merge_metric_lists(dicts: list[dict]) -> dict[str, list]:
+    """verl's per-call metric dicts -> one dict of lists (what ``reduce_metrics`` averages)."""
+    out: dict[str, list] = {}
+    for d in dicts:
+        for k, v in d.items():
+            out.setdefault(k, []).extend(v if isinstance(v, list) else [v])
+    return out
+
+
+def round_metrics(timeline: RoundTimeline, trained: list[DataProto], step_outputs: list[DataProto], group_size: int,
+                  step_groups: int, snapshot: bool) -> dict[str, Any]:
+    """``trained``: the round's training rows in training order; ``step_outputs``: verl's update output per step."""
+    metrics: dict[str, Any] = dict(timeline.metrics())
+    metrics.update(reduce_metrics(merge_metric_lists([o.meta_info["metrics"] for o in step_outputs])))
+    for b in trained:
+        b.meta_info.pop("global_token_num", None)  # per-step values; the round's batch needs none
+    batch = DataProto.concat(trained)
+    metrics.update(compute_data_metrics(batch=batch, use_critic=False))
+    mask = batch.batch["response_mask"]
+    # responses with no token at all (the engine returned nothing): counted, trained as verl would (reward of "")
+    metrics[PREFIX + "empty_responses"] = float((mask.sum(-1) == 0).sum())
+    # trained groups whose K responses all got advantage 0 (what algorithm.filter_groups drops)
+    metrics[PREFIX + "groups_zero_advantage"] = float(sum(
+        bool(g.abs().sum() == 0) for g in batch.batch["advantages"].split(group_size)))
+    metrics[PREFIX + "groups_short"] = float(timeline.ledger.short_by) if timeline.ledger else 0.0
+    # mean response length of the groups of each optimizer step (rows are in training order): completion order
+    # trains short answers first, a known bias of streaming RL that the learning curves measure (curves.py)
+    for s, chunk in enumerate(mask.sum(-1).float().split(step_groups * group_size)):
+        metrics[f"{PREFIX}response_length/step{s}"] = float(chunk.mean())
+    if "reward_error" in batch.non_tensor_batch:
+        metrics[PREFIX + "reward_errors"] = float(np.sum(batch.non_tensor_batch["reward_error"].astype(float)))
+    if snapshot and "rollout_log_probs" in batch.batch.keys():
+        # vLLM's log-probs vs the trainer's under the same weights v: small only if the publish reached vLLM
+        gap = (batch.batch["rollout_log_probs"] - batch.batch["old_log_probs"]).abs() * mask.float()
+        metrics[PREFIX + "rollout_vs_trainer_logprob_diff"] = float(gap.sum() / mask.sum())
+    return metrics
+
+
+def round_line(step: int, pipe: Any, metrics: dict[str, Any], timeline_path: Path) -> str:  # pipe: PipeSettings
+    """The one console line per round (README shows one)."""
+    m = {k.removeprefix(PREFIX): v for k, v in metrics.items() if k.startswith(PREFIX)}
+    return (
+        f"[rolloutpipe] round {step} mode={pipe.mode} R={pipe.num_groups} K={pipe.group_size} "
+        f"U={pipe.step_groups} reward={metrics['critic/score/mean']:.3f} "
+        f"rollout_to_train_end={m['rollout_to_train_end_s']:.2f}s wait_ratio={m['trainer_wait_ratio']:.1%} "
+        f"first_dispatch={m['first_dispatch_s']:.2f}s overlap_eff={m['overlap_efficiency']:.2f} "
+        f"publish={m.get('publish_s', 0):.2f}s "
+        f"lp_diff={m.get('rollout_vs_trainer_logprob_diff', float('nan')):.4f} "
+        + (f"reward_errors={m['reward_errors']:.0f} " if m.get("reward_errors") else "")
+        + (f"filtered={m['groups_filtered']:.0f} short_by={m['groups_short']:.0f} "
+           if pipe.filter_metric is not None else "")
+        + f"timeline={timeline_path}"
+    )
