@@ -18,6 +18,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 from ..main import CONFIG_DIR, apply_layout, prepare_runtime
+from ..provenance import git_commit, machine
 from .pinning import pool_env
 from .report import write_all
 
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
         "profiles": OmegaConf.to_container(bench.profiles), "machine": f"{platform.machine()} {len(cores)} cores",
         "wall_s": time.monotonic() - t0,
     }
+    raw["git_commit"], raw["machine"] = git_commit(), machine()
     summary = write_all(raw, Path(bench.out_dir), args.json)
     print((Path(bench.out_dir) / "bench.md").read_text())
     print(f"[rolloutpipe bench] {len(summary['records'])} records in {raw['settings']['wall_s']:.0f} s -> "

@@ -65,7 +65,8 @@ def summarize(raw: dict) -> dict[str, Any]:
         rec["rollout_train_ratio_sync"] = base["rollout_s"] / base["trainer_busy_s"]
         if rec["mode"] == "sync":
             rec["pipeline_overhead_share"] = rec["no_work_s"] / rec["rollout_to_train_end_s"]
-    return {"pinned": raw.get("pinned"), "settings": raw.get("settings"), "records": records}
+    return {"git_commit": raw.get("git_commit"), "machine": raw.get("machine"), "pinned": raw.get("pinned"),
+            "settings": raw.get("settings"), "records": records}
 
 
 def _fmt(x: float, pct: bool = False) -> str:
