@@ -33,6 +33,7 @@ from verl.utils.profiler import marked_timer
 
 from .config_check import PipeSettings, validate
 from .failover import NoRolloutReplicaLeftError, ReplicaFailover, dead_actor_error
+from .filters import keep_if_metric_varies
 from .learning_curve import write_learning_curve
 from .logs import get_logger
 from .pipeline import (
@@ -315,11 +316,12 @@ class RolloutPipeTrainer(RayPPOTrainer):
                 for gid, out in run.stream.poll(timeout_s=0.05):
                     run.rnd.served(gid)
                     rows = self._materialize_group(run.prompts.row(gid), out)
-                    if run.pipe.filter_metric is not None and self._no_reward_variance(rows):
-                        run.rnd.filtered(gid, replaceable=run.prompts.available(len(run.rnd.ledger.groups)))
-                    else:
+                    metric = run.pipe.filter_metric  # dynamic sampling (verl's algorithm.filter_groups)
+                    if metric is None or keep_if_metric_varies(rows, metric)[0]:
                         run.trainable[gid] = rows
                         run.rnd.materialized(gid)
+                    else:
+                        run.rnd.filtered(gid, replaceable=run.prompts.available(len(run.rnd.ledger.groups)))
                     self._fit_send(run, run.rnd.admit())
                 if run.stream.lost:
                     self._resend_lost_groups(run)
@@ -399,20 +401,6 @@ class RolloutPipeTrainer(RayPPOTrainer):
         return val
 
     # ---- rollout side: one complete group -> trainable rows ---------------------------------------------------
-    def _no_reward_variance(self, rows: DataProto) -> bool:
-        """Dynamic sampling (verl's ``algorithm.filter_groups``): all K values of the metric are equal, so GRPO
-        gives every response advantage 0 and the group would only dilute the token-mean."""
-        metric = self.pipe.filter_metric
-        if metric == "reward":
-            values = rows.batch["token_level_scores"].sum(-1).tolist()
-        elif metric in rows.non_tensor_batch:
-            values = [float(v) for v in rows.non_tensor_batch[metric]]
-        else:
-            raise PipelineInvariantError(
-                f"algorithm.filter_groups.metric={metric!r} is not among the reward function's outputs "
-                f"{sorted(rows.non_tensor_batch)}: use reward or one of those")
-        return max(values) - min(values) == 0
-
     def group_rows(self, prompt_row: DataProto, out: DataProto) -> DataProto:
         """A group's K training rows: the prompt's row repeated, joined with the agent loop's K outputs."""
         rows = prompt_row.repeat(repeat_times=self.pipe.group_size, interleave=True)
