@@ -157,10 +157,10 @@ class RolloutPipeTrainer(RayPPOTrainer):
         from omegaconf import OmegaConf
         from verl.utils.tracking import Tracking
 
-        logger = Tracking(project_name=self.config.trainer.project_name,
-                          experiment_name=self.config.trainer.experiment_name,
-                          default_backend=self.config.trainer.logger,
-                          config=OmegaConf.to_container(self.config, resolve=True))
+        tracker = Tracking(project_name=self.config.trainer.project_name,
+                           experiment_name=self.config.trainer.experiment_name,
+                           default_backend=self.config.trainer.logger,
+                           config=OmegaConf.to_container(self.config, resolve=True))
         self.report_trainer_pool()
         self.global_steps = 0
         if self.config.rolloutpipe.layout == "disaggregated":
@@ -170,7 +170,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         self.weights_version = self.global_steps
         test_freq = self.config.trainer.test_freq
         if self.val_dataset is not None and self.config.trainer.get("val_before_train", False):
-            logger.log(data=self._validate_and_report(), step=self.global_steps)
+            tracker.log(data=self._validate_and_report(), step=self.global_steps)
         self.global_steps += 1
         batches = self._prompt_batches()
         while True:
@@ -178,7 +178,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
             last = self.global_steps >= self.total_training_steps
             if test_freq > 0 and (last or self.global_steps % test_freq == 0):
                 metrics.update(self._validate_and_report())
-            logger.log(data=metrics, step=self.global_steps)
+            tracker.log(data=metrics, step=self.global_steps)
             if self.config.trainer.save_freq > 0 and self.global_steps % self.config.trainer.save_freq == 0:
                 self._save_checkpoint()
             if last:
