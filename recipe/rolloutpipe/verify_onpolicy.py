@@ -35,6 +35,7 @@ import argparse
 import json
 import math
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -125,26 +126,46 @@ def _score_batchwise(trainer, rows: DataProto) -> DataProto:
 @contextmanager
 def _publishing_after_first_step(trainer) -> Iterator[None]:
     """The bug the negative control injects: the trainer's weights reach vLLM right after the round's first
-    optimizer step, while later groups of the round are still to be sampled."""
-    train_step, train_groups = trainer._train_step, trainer._train_groups
+    optimizer step, while later groups of the round are still to be sampled.
+
+    So that the bug always has groups to act on -- on a machine where generation outruns training every request
+    may have been sampled before step 1 ends, and the bug then changes nothing (seen in CI on two Ray nodes) --
+    only the first U admitted groups go to vLLM before that publish; the rest are sent right after it."""
+    train_step, train_groups, send = trainer._train_step, trainer._train_groups, trainer._fit_send
+    published, held, sent = threading.Event(), [], [0]
+
+    def publish_once(step_index: int) -> None:
+        if step_index == 0 and not published.is_set():
+            trainer.checkpoint_manager.update_weights(trainer.global_steps)
+            published.set()
 
     def step_then_publish(rows, step_index):
         out = train_step(rows, step_index)
-        if step_index == 0:
-            trainer.checkpoint_manager.update_weights(trainer.global_steps)
+        publish_once(step_index)
         return out
 
     def groups_then_publish(rows, d):
         out = train_groups(rows, d)
-        if d.ends_step and d.step_index == 0:
-            trainer.checkpoint_manager.update_weights(trainer.global_steps)
+        if d.ends_step:
+            publish_once(d.step_index)
         return out
 
-    trainer._train_step, trainer._train_groups = step_then_publish, groups_then_publish
+    def send_after_publish(run, admissions):  # called by the rollout thread on every poll, admissions or not
+        if not published.is_set():
+            free = max(0, run.pipe.step_groups - sent[0])
+            now, admissions = admissions[:free], admissions[free:]
+            sent[0] += len(now)
+            held.extend(admissions)
+            return send(run, now)
+        admissions, held[:] = [*held, *admissions], []
+        return send(run, admissions)
+
+    trainer._train_step, trainer._train_groups, trainer._fit_send = (step_then_publish, groups_then_publish,
+                                                                     send_after_publish)
     try:
         yield
     finally:
-        del trainer._train_step, trainer._train_groups  # the class's methods again
+        del trainer._train_step, trainer._train_groups, trainer._fit_send  # the class's methods again
 
 
 def verify_in_trainer(trainer) -> dict:  # a RolloutPipeTrainer, workers started
