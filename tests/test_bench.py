@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from recipe.rolloutpipe.bench.agent_loop import parse_lengths
-from recipe.rolloutpipe.bench.report import markdown, summarize
+from recipe.rolloutpipe.bench.pinning import cpu_category
+from recipe.rolloutpipe.bench.report import markdown, overlap_efficiency_vs_stock, summarize
+from recipe.rolloutpipe.bench.runner import rotated
 from recipe.rolloutpipe.pipeline.modes import ModeSpec, parse_mode_spec
 from recipe.rolloutpipe.workloads import LengthProfile, describe, round_lengths
 
@@ -53,29 +55,56 @@ def test_profile_config_errors_name_the_keys():
     assert parse_lengths("3,17,192") == [3, 17, 192]
 
 
-def _round(end: float, wait: float, first: float, busy: float, rollout: float) -> dict:
+def _round(end: float, wait: float, first: float, busy: float, rollout: float, i: int = 1) -> dict:
     m = {"rollout_to_train_end_s": end, "trainer_wait_ratio": wait, "first_dispatch_s": first,
          "trainer_busy_s": busy, "rollout_s": rollout, "overlap_efficiency": 0.5}
-    return {"warmup": False, "wall_s": end + 0.1, "timeline": "/nonexistent", "workload_shape": {},
-            "lengths_honoured": 1.0, "metrics": {"rolloutpipe/" + k: v for k, v in m.items()}}
+    return {"round": i, "warmup": False, "wall_s": end + 0.1, "timeline": "/nonexistent", "workload_shape": {},
+            "lengths_honoured": 1.0, "metrics": {"rolloutpipe/" + k: v for k, v in m.items()},
+            "cpu_s": {"rollout:VLLM::Worker": 3.0, "kernel:kworker": 0.5, "ray_daemons:raylet": 0.25}}
 
 
-def test_summary_compares_each_mode_with_sync_of_the_same_setting():
-    warm = {**_round(99, 0.9, 9, 1, 1), "warmup": True}
-    raw = {"results": [
-        {"workload": "w", "R": 8, "mode": "sync", "rounds": [warm, _round(10, 0.5, 4, 5, 4), _round(12, 0.5, 5, 5, 6),
-                                                              _round(11, 0.5, 6, 5, 5)]},
-        {"workload": "w", "R": 8, "mode": "cgp", "rounds": [_round(6, 0.2, 1, 5, 5), _round(8, 0.3, 2, 5, 5),
-                                                             _round(7, 0.1, 3, 5, 5)]},
+def test_summary_compares_each_mode_with_verl_and_sync_of_the_same_round():
+    warm = {**_round(99, 0.9, 9, 1, 1, i=0), "warmup": True}
+    raw = {"settings": {"K": 8, "U": 2, "max_num_seqs": 16}, "results": [
+        {"workload": "w", "R": 8, "mode": "stock", "rounds": [
+            warm, _round(20, 0.5, 8, 8, 8, 1), _round(20, 0.5, 8, 8, 8, 2), _round(16, 0.5, 8, 8, 8, 3)]},
+        {"workload": "w", "R": 8, "mode": "sync", "rounds": [
+            warm, _round(10, 0.5, 4, 5, 4, 1), _round(12, 0.5, 5, 5, 6, 2), _round(11, 0.5, 6, 5, 5, 3)]},
+        {"workload": "w", "R": 8, "mode": "cgp", "rounds": [
+            _round(6, 0.2, 1, 5, 5, 1), _round(8, 0.3, 2, 5, 5, 2), _round(8, 0.1, 3, 5, 5, 3)]},
     ]}
     recs = {r["mode"]: r for r in summarize(raw)["records"]}
     assert recs["sync"]["rollout_to_train_end_s"] == 11 and recs["sync"]["rounds"] == 3  # warm-up left out
-    assert recs["cgp"]["reduction_vs_sync"] == pytest.approx(1 - 7 / 11)
+    # paired per round: cgp 6/10, 8/12, 8/11 of sync; 6/20, 8/20, 8/16 of verl's own step
+    assert recs["cgp"]["reduction_vs_sync"] == pytest.approx(1 - 8 / 12)
+    assert recs["cgp"]["reduction_vs_verl"] == pytest.approx(1 - 8 / 20)
+    lo, hi = recs["cgp"]["reduction_vs_verl_ci"]
+    assert 1 - 8 / 16 <= lo <= 1 - 8 / 20 <= hi <= 1 - 6 / 20 and recs["cgp"]["verdict_vs_verl"] == "faster"
+    assert recs["stock"]["reduction_vs_verl"] == 0 and recs["stock"]["verdict_vs_verl"] == "no difference shown"
+    assert recs["cgp"]["waves"] == 4 and recs["cgp"]["regime"] == "saturated"  # 8 prompts x 8 / 16 slots
+    # overlap efficiency from verl's run of the same round: serial 20, rollout 8, train 8, last step 2/8 of it,
+    # first group at sync's 4 s -> ideal max(8 + 2, 4 + 8) = 12; cgp took 6 s in round 1: (20 - 6) / (20 - 12)
+    assert overlap_efficiency_vs_stock(raw["results"][2]["rounds"][0], raw["results"][0]["rounds"][1],
+                                       raw["results"][1]["rounds"][1], 2 / 8) == pytest.approx(14 / 8)
+    assert recs["cgp"]["overlap_efficiency_own_rollout"] == 0.5
     assert recs["cgp"]["wait_ratio_reduction_vs_sync"] == pytest.approx(1 - 0.2 / 0.5)
     assert recs["cgp"]["first_dispatch_spread_s"] == pytest.approx(2)
-    assert recs["cgp"]["rollout_train_ratio_sync"] == pytest.approx(5 / 5)
     assert recs["sync"]["no_work_s"] == pytest.approx(11 - 5 - 5)  # median of (1, 1, 1)
-    assert "| w | 8 |" in markdown(summarize(raw))
+    assert recs["cgp"]["cpu_s_per_round"] == {"rollout": 3.0, "trainer": 0.0, "driver": 0.0, "ray_daemons": 0.25,
+                                              "kernel": 0.5, "other": 0.0}
+    text = markdown(summarize(raw))
+    assert "| w | 8 | 4.0 (saturated) | cgp |" in text and "faster" in text
+
+
+def test_cpu_is_attributed_to_whose_process_it_is():
+    assert cpu_category("VLLM::Worker_TP0") == "rollout" and cpu_category("ray::WorkerDict.update") == "trainer"
+    assert cpu_category("ray::BenchTaskRunner.run") == "driver"
+    assert cpu_category("/v/bin/python -m recipe.rolloutpipe.bench --quick") == "driver"
+    assert cpu_category("/v/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet --x") == "ray_daemons"
+    assert cpu_category("ray::IDLE") == cpu_category("ray::DashboardAgent") == "ray_daemons"
+    assert cpu_category("") == "kernel"  # kernel threads have no command line
+    assert cpu_category("/usr/bin/bash") == "other"
+    assert rotated(["a", "b", "c"], 0) == ["a", "b", "c"] and rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
 
 
 def test_mode_specs():
@@ -89,18 +118,23 @@ def test_bench_runs_all_modes_on_the_real_stack(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "recipe.rolloutpipe.bench", "--json", str(tmp_path / "records.json"),
          f"rolloutpipe.bench.out_dir={tmp_path}/results", "rolloutpipe.bench.workloads=[sci-longtail]",
-         "rolloutpipe.bench.sizes=[4]", "rolloutpipe.bench.modes=[sync,cgp,cgp_fgd:priority+groups]",
+         "rolloutpipe.bench.sizes=[4]", "rolloutpipe.bench.modes=[stock,sync,cgp,cgp_fgd:priority+groups]",
          "rolloutpipe.bench.rounds=1", "rolloutpipe.bench.warmup_rounds=0", "data.max_response_length=24",
          f"trainer.default_local_dir={tmp_path}/ckpt"],
         capture_output=True, text=True, timeout=900, cwd=ROOT)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-6000:]
     records = json.loads((tmp_path / "records.json").read_text())["records"]
-    assert [r["mode"] for r in records] == ["sync", "cgp", "cgp_fgd:priority+groups"]
+    assert [r["mode"] for r in records] == ["stock", "sync", "cgp", "cgp_fgd:priority+groups"]
     for r in records:
         assert r["lengths_honoured"] == 1.0  # every response has exactly the workload's length (max_tokens+ignore_eos)
         assert r["rollout_to_train_end_s"] > 0 and "reduction_vs_sync" in r and r["rollout_train_ratio_sync"] > 0
+        assert "reduction_vs_verl" in r and len(r["reduction_vs_verl_ci"]) == 2 and r["waves"] == 4 * 8 / 32
         assert r["cpu_s_per_round"]["rollout"] > 0 and r["cpu_s_per_round"]["trainer"] > 0  # both pools pinned+busy
+    raw_rounds = json.loads((tmp_path / "results" / "bench_raw.json").read_text())["results"]
+    stock = raw_rounds[0]["rounds"][0]
+    assert stock["verl_timing_s"]["gen"] > 0 and stock["verl_timing_s"]["update_actor"] > 0  # verl's own step ran
+    assert [res["rounds"][0]["position_in_round"] for res in raw_rounds] == [0, 1, 2, 3]
     raw = json.loads((tmp_path / "results" / "bench_raw.json").read_text())
     assert {p.split(" ")[0] for p in raw["pinned"]["trainer"]} == {"ray::WorkerDict"}
     assert any(p.startswith("VLLM::Worker") for p in raw["pinned"]["rollout"])

@@ -1,5 +1,6 @@
-"""``python -m recipe.rolloutpipe.bench [--quick] [--json OUT] [key=value ...]``: sync vs CGP vs CGP+FGD side by
-side on the real stack (disaggregated layout, rollout pool and trainer pool pinned to separate cores).
+"""``python -m recipe.rolloutpipe.bench [--quick] [--json OUT] [key=value ...]``: verl's own trainer (``stock``) vs
+sync vs CGP vs CGP+FGD side by side on the real stack (disaggregated layout, rollout pool and trainer pool pinned to
+separate cores), interleaved round by round, with paired bootstrap CIs.
 
 Writes docs/results/bench.json (records), bench.md (table), bench_bars.png, timelines_<workload>_R<R>.png and the
 per-round timelines; ``--json OUT`` also writes the records to OUT. Trailing ``key=value`` override
@@ -18,6 +19,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 from ..main import CONFIG_DIR, apply_layout, prepare_runtime
+from ..pipeline.modes import STOCK, TRAINER_MODES, parse_mode_spec
 from ..provenance import git_commit, machine
 from .pinning import pool_env
 from .report import write_all
@@ -52,6 +54,10 @@ def main(argv: list[str] | None = None) -> None:
     except RolloutPipeConfigError as e:
         raise SystemExit(str(e)) from None
     bench = cfg.rolloutpipe.bench
+    bad = [m for m in bench.modes if m != STOCK and parse_mode_spec(m).mode not in TRAINER_MODES]
+    if bad:
+        raise SystemExit(f"rolloutpipe bench: rolloutpipe.bench.modes: {bad} unknown; use stock (verl's own trainer) "
+                         f"or mode[:hold|:priority][/F_w][+groups] with mode one of {[str(m) for m in TRAINER_MODES]}")
     cores = os.sched_getaffinity(0)
     wanted = set(bench.rollout_cpus) | set(bench.trainer_cpus)
     if not wanted <= cores or set(bench.rollout_cpus) & set(bench.trainer_cpus):
@@ -68,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     raw["settings"] = {
         "K": int(cfg.actor_rollout_ref.rollout.n), "U": int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size),
         "F_w": int(cfg.rolloutpipe.frontier_width), "max_response_length": int(cfg.data.max_response_length),
+        "max_num_seqs": int(cfg.actor_rollout_ref.rollout.max_num_seqs), "modes": list(bench.modes),
         "rollout_cpus": list(bench.rollout_cpus), "trainer_cpus": list(bench.trainer_cpus),
         "warmup_rounds": int(bench.warmup_rounds), "rounds": int(bench.rounds), "quick": args.quick,
         "seed": int(bench.seed),

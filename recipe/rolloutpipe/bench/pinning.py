@@ -4,7 +4,9 @@ Processes are found by the titles Ray and vLLM give them and pinned thread by th
 every task of the process: threads created later inherit it). Compute thread counts are set through the
 environment before the workers start (``pool_env``): vLLM binds its OpenMP threads with its own
 ``VLLM_CPU_OMP_THREADS_BIND``; torch in the trainer uses ``OMP_NUM_THREADS``. Orchestration (the driver, verl's
-task runner that runs the pipeline loop, Ray's daemons) is left unpinned, as a GPU cluster's host CPUs would be.
+task runner that runs the pipeline loop, Ray's daemons) is left unpinned, as a GPU cluster's host CPUs would be,
+and its CPU time is measured by pid apart from the pools' (``cpu_seconds``): the driver, Ray's daemons, kernel
+threads and everything else, each on its own line.
 """
 
 from __future__ import annotations
@@ -48,9 +50,32 @@ def _pool_of(title: str) -> str | None:
             "trainer" if title.startswith(TRAINER_TITLES) else None)
 
 
+# the project's own processes outside the two pools: the bench / training driver and the task runner (the pipeline
+# loop and the rollout thread run there)
+DRIVER_TITLES = ("ray::BenchTaskRunner", "ray::RolloutPipeTaskRunner", "ray::VerifyTaskRunner", "ray::TaskRunner")
+CPU_CATEGORIES = ("rollout", "trainer", "driver", "ray_daemons", "kernel", "other")
+
+
+def cpu_category(cmdline: str) -> str:
+    """Whose a process is, by its command line: one of ``CPU_CATEGORIES``. Kernel threads have no command line;
+    Ray's daemons (raylet, GCS, dashboard and its agents, log monitor, idle workers) run from Ray's package or
+    carry a ``ray::`` title that is not one of the project's."""
+    pool = _pool_of(cmdline)
+    if pool is not None:
+        return pool
+    if not cmdline:
+        return "kernel"
+    if cmdline.startswith(DRIVER_TITLES) or "recipe.rolloutpipe" in cmdline:
+        return "driver"
+    if cmdline.startswith("ray::") or "/site-packages/ray/" in cmdline or "ray.dashboard" in cmdline:
+        return "ray_daemons"
+    return "other"
+
+
 def cpu_seconds() -> dict[str, float]:
-    """CPU seconds used so far by every live process, keyed ``pool:title`` (pool: rollout, trainer or other).
-    Differences between two calls show where a setting's CPU time went."""
+    """CPU seconds used so far by every live process (threads included), keyed ``category:name`` (category: one of
+    ``CPU_CATEGORIES``). Differences between two calls show where a round's CPU time went; a process that exits in
+    between (a short kernel worker) is missed, so the sums are lower bounds."""
     tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
     for proc in Path("/proc").iterdir():
@@ -60,9 +85,12 @@ def cpu_seconds() -> dict[str, float]:
             stat = (proc / "stat").read_text()
         except OSError:
             continue
-        title = _title(int(proc.name)).split(" ")[0] or stat[stat.index("(") + 1: stat.rindex(")")]
+        cmdline = _title(int(proc.name))
+        comm = stat[stat.index("(") + 1: stat.rindex(")")]
+        name = (cmdline.split(" ")[0] if cmdline.startswith(("ray::", "VLLM::")) else comm).split(".")[0]
+        name = name.split("/")[0] if not cmdline else name  # kworker/u8:2-events -> kworker
         fields = stat[stat.rindex(")") + 2:].split()
-        key = f"{_pool_of(title) or 'other'}:{title.split('.')[0]}"
+        key = f"{cpu_category(cmdline)}:{name}"
         out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / tick
     return out
 

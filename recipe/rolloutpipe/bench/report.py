@@ -7,7 +7,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..pipeline import PREFIX, RoundTimeline, plot_gantt
+from ..pipeline.modes import STOCK
+from .pinning import CPU_CATEGORIES
 
 METRICS = ("rollout_to_train_end_s", "trainer_wait_ratio", "first_dispatch_s", "overlap_efficiency",
            "trainer_busy_s", "rollout_s", "ideal_s", "serial_estimate_s", "trainer_wait_before_first_s", "publish_s")
@@ -30,12 +34,54 @@ def group_overheads(timeline: dict) -> dict[str, float]:
     return {"materialize_per_group_s": _median(mats)}
 
 
+def _bootstrap_median_ci(xs: list[float], seed: int = 0) -> list[float]:
+    """95 % bootstrap CI (percentile) of the median of ``xs`` (scipy.stats.bootstrap); [x, x] for one value."""
+    xs = [x for x in xs if x == x]
+    if len(xs) < 2 or max(xs) == min(xs):
+        return [xs[0], xs[0]] if xs else [float("nan"), float("nan")]
+    from scipy.stats import bootstrap
+
+    res = bootstrap((np.asarray(xs),), np.median, confidence_level=0.95, method="percentile", n_resamples=9999,
+                    random_state=np.random.default_rng(seed))
+    return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+
+
+def _paired_reduction(rounds: list[dict], base: list[dict]) -> tuple[float, list[float], list[float]]:
+    """1 - T_mode / T_base per round (same round index: same prompts, lengths and start state), their median and
+    its bootstrap CI."""
+    key = PREFIX + "rollout_to_train_end_s"
+    by_round = {r["round"]: r["metrics"][key] for r in base}
+    per_round = [1 - r["metrics"][key] / by_round[r["round"]] for r in rounds if r["round"] in by_round]
+    return _median(per_round), _bootstrap_median_ci(per_round), per_round
+
+
+def overlap_efficiency_vs_stock(mode_round: dict, stock_round: dict, sync_round: dict | None,
+                                step_share: float) -> float:
+    """DESIGN.md §4 with T_rollout, T_train and the serial estimate from verl's own (``stock``) run of the same
+    round: a mode that stretches its own rollout cannot look efficient. The first group's earliest arrival is the
+    ``sync`` run's of the same round (an engine undisturbed by training, FCFS), else the mode's own;
+    ``step_share`` = U / R (the last optimizer step's share of the trainer's work)."""
+    s, m = stock_round["metrics"], mode_round["metrics"]
+    t_rollout, t_train = s[PREFIX + "rollout_s"], s[PREFIX + "trainer_busy_s"]
+    serial = s[PREFIX + "rollout_to_train_end_s"]
+    first = (sync_round or mode_round)["metrics"][PREFIX + "first_dispatch_s"]
+    ideal = max(t_rollout + step_share * t_train, first + t_train)
+    actual = m[PREFIX + "rollout_to_train_end_s"]
+    return (serial - actual) / (serial - ideal) if serial - ideal > 1e-9 else float("nan")
+
+
 def summarize(raw: dict) -> dict[str, Any]:
-    """One record per (workload, R, mode) with medians over the measured rounds, plus the comparisons to sync."""
+    """One record per (workload, R, mode): medians over the measured rounds; per-round paired comparisons with
+    verl's own trainer (``stock``) and with ``sync`` of the same setting, with bootstrap 95 % CIs."""
+    settings = raw.get("settings") or {}
+    slots, k, u = settings.get("max_num_seqs"), settings.get("K"), settings.get("U")
     records = []
     for s in raw["results"]:
         rounds = _measured(s)
         rec: dict[str, Any] = {"workload": s["workload"], "R": s["R"], "mode": s["mode"], "rounds": len(rounds)}
+        if slots and k:  # how many times over the round's requests fill the engine's running slots
+            rec["waves"] = s["R"] * k / slots
+            rec["regime"] = "saturated" if rec["waves"] >= 3 else "unsaturated"
         for m in METRICS:
             rec[m] = _median([r["metrics"].get(PREFIX + m, float("nan")) for r in rounds])
         fd = [r["metrics"][PREFIX + "first_dispatch_s"] for r in rounds]
@@ -46,20 +92,38 @@ def summarize(raw: dict) -> dict[str, Any]:
                 - r["metrics"][PREFIX + "trainer_busy_s"] for r in rounds]
         rec["no_work_s"] = _median(idle)
         mats = [group_overheads(json.loads(Path(r["timeline"]).read_text()))["materialize_per_group_s"]
-                for r in rounds if Path(r["timeline"]).exists()]
+                for r in rounds if r.get("timeline") and Path(r["timeline"]).exists()]
         rec["materialize_per_group_s"] = _median(mats)
         rec["workload_shape"] = rounds[0]["workload_shape"] if rounds else {}
         rec["lengths_honoured"] = min((r.get("lengths_honoured", float("nan")) for r in rounds), default=float("nan"))
-        rec["cpu_s_per_round"] = {pool: round(_median([sum(v for k, v in r.get("cpu_s", {}).items()
-                                                          if k.startswith(pool + ":")) for r in rounds]), 3)
-                                  for pool in ("rollout", "trainer", "other")}
+        rec["cpu_s_per_round"] = {cat: round(_median([sum(v for key, v in r.get("cpu_s", {}).items()
+                                                         if key.startswith(cat + ":")) for r in rounds]), 3)
+                                  for cat in CPU_CATEGORIES}
         records.append(rec)
+    by_setting = {(s["workload"], s["R"], s["mode"]): _measured(s) for s in raw["results"]}
     sync = {(r["workload"], r["R"]): r for r in records if r["mode"] == "sync"}
     for rec in records:
-        base = sync.get((rec["workload"], rec["R"]))
+        w, r_ = rec["workload"], rec["R"]
+        rounds = by_setting[(w, r_, rec["mode"])]
+        stock = by_setting.get((w, r_, STOCK))
+        if stock:
+            rec["reduction_vs_verl"], rec["reduction_vs_verl_ci"], rec["reduction_vs_verl_per_round"] = (
+                _paired_reduction(rounds, stock))
+            lo, hi = rec["reduction_vs_verl_ci"]
+            rec["verdict_vs_verl"] = "faster" if lo > 0 else "slower" if hi < 0 else "no difference shown"
+            if rec["mode"] != STOCK:
+                sync_rounds = {x["round"]: x for x in by_setting.get((w, r_, "sync"), [])}
+                stock_rounds = {x["round"]: x for x in stock}
+                share = (u / r_) if u else 0.0
+                rec["overlap_efficiency_own_rollout"] = rec["overlap_efficiency"]  # the timeline's, own T_rollout
+                rec["overlap_efficiency"] = _median([
+                    overlap_efficiency_vs_stock(x, stock_rounds[x["round"]], sync_rounds.get(x["round"]), share)
+                    for x in rounds if x["round"] in stock_rounds])
+        base = sync.get((w, r_))
         if base is None:
             continue
-        rec["reduction_vs_sync"] = 1 - rec["rollout_to_train_end_s"] / base["rollout_to_train_end_s"]
+        rec["reduction_vs_sync"], rec["reduction_vs_sync_ci"], _ = _paired_reduction(rounds,
+                                                                                      by_setting[(w, r_, "sync")])
         rec["wait_ratio_reduction_vs_sync"] = (1 - rec["trainer_wait_ratio"] / base["trainer_wait_ratio"]
                                                if base["trainer_wait_ratio"] > 0 else float("nan"))
         rec["rollout_train_ratio_sync"] = base["rollout_s"] / base["trainer_busy_s"]
@@ -75,17 +139,30 @@ def _fmt(x: float, pct: bool = False) -> str:
     return f"{100 * x:.0f}%" if pct else f"{x:.2f}"
 
 
+def _ci(r: dict, key: str) -> str:
+    ci = r.get(key + "_ci")
+    return f"{_fmt(r.get(key, float('nan')), True)} [{_fmt(ci[0], True)}, {_fmt(ci[1], True)}]" if ci else "–"
+
+
 def markdown(summary: dict[str, Any]) -> str:
-    head = ("| workload | R | rollout/train (sync) | mode | rollout→train end (s) | vs sync | trainer wait | "
-            "wait vs sync | first dispatch (s) | spread (s) | overlap eff. |\n" + "|---" * 11 + "|")
+    head = ("| workload | R | waves | mode | rollout→train end (s) | vs verl (`stock`), 95 % CI | verdict | "
+            "vs sync, 95 % CI | trainer wait | first group (s) | rollout (s) | overlap eff. (vs stock) |\n"
+            + "|---" * 12 + "|")
     lines = [head]
     for r in summary["records"]:
+        waves = f"{r['waves']:.1f} ({r['regime']})" if "waves" in r else "–"
         lines.append(
-            f"| {r['workload']} | {r['R']} | {_fmt(r.get('rollout_train_ratio_sync', float('nan')))} | {r['mode']} | "
-            f"{_fmt(r['rollout_to_train_end_s'])} | {_fmt(r.get('reduction_vs_sync', float('nan')), True)} | "
-            f"{_fmt(r['trainer_wait_ratio'], True)} | {_fmt(r.get('wait_ratio_reduction_vs_sync', float('nan')), True)}"
-            f" | {_fmt(r['first_dispatch_s'])} | {_fmt(r['first_dispatch_spread_s'])} | "
-            f"{_fmt(r['overlap_efficiency'])} |")
+            f"| {r['workload']} | {r['R']} | {waves} | {r['mode']} | {_fmt(r['rollout_to_train_end_s'])} | "
+            f"{_ci(r, 'reduction_vs_verl')} | {r.get('verdict_vs_verl', '–')} | {_ci(r, 'reduction_vs_sync')} | "
+            f"{_fmt(r['trainer_wait_ratio'], True)} | {_fmt(r['first_dispatch_s'])} | {_fmt(r['rollout_s'])} | "
+            f"{_fmt(r.get('overlap_efficiency', float('nan')))} |")
+    lines += ["", "CPU seconds per round by whose process (medians; rollout and trainer: the pinned pools; driver: the "
+              "project's own driver and task runner; Ray's daemons and kernel threads apart):", "",
+              "| workload | R | mode | " + " | ".join(CPU_CATEGORIES) + " |", "|---" * (3 + len(CPU_CATEGORIES)) + "|"]
+    for r in summary["records"]:
+        cpu = r.get("cpu_s_per_round", {})
+        lines.append(f"| {r['workload']} | {r['R']} | {r['mode']} | "
+                     + " | ".join(_fmt(cpu.get(c, float("nan"))) for c in CPU_CATEGORIES) + " |")
     sync = [r for r in summary["records"] if r["mode"] == "sync"]
     lines += ["", "Pipeline cost (sync rounds: no overlap possible): time in the round when neither the engine nor "
               "the trainer works, and per-group materialization (reward, GRPO advantages, rows) on the rollout side.",
@@ -134,7 +211,9 @@ def plot_stacked(raw: dict, workload: str, num_groups: int, path: Path) -> Path 
     for s in raw["results"]:
         if s["workload"] != workload or s["R"] != num_groups:
             continue
-        rounds = _measured(s)
+        rounds = [r for r in _measured(s) if r.get("timeline")]  # verl's own step has no pipeline timeline
+        if not rounds:
+            continue
         med = _median([r["metrics"][PREFIX + "rollout_to_train_end_s"] for r in rounds])
         pick = min(rounds, key=lambda r: abs(r["metrics"][PREFIX + "rollout_to_train_end_s"] - med))
         timelines.append(RoundTimeline.from_dict(json.loads(Path(pick["timeline"]).read_text())))

@@ -1,7 +1,10 @@
-"""The benchmark's Ray task runner: one disaggregated RolloutPipe trainer, every (workload, R, mode) in turn.
+"""The benchmark's Ray task runner: one disaggregated RolloutPipe trainer; per (workload, R), every mode
+interleaved round by round.
 
-All modes of a setting run on the same workers, from the same saved actor state (weights, AdamW, scheduler) and
-the same rounds (prompts and prescribed response lengths), so the ratios come from one run on one machine state.
+All modes of a setting run on the same workers, every round from the same saved actor state (weights, AdamW,
+scheduler), on the same prompts and prescribed response lengths: ``stock`` is verl's own serial step
+(``verl_round.py``), the others the recipe's ``fit_round``. Round i runs every mode, in an order rotated each round,
+so the ratios are paired per round and come from one run on one machine state.
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ import ray
 from tqdm import tqdm
 
 from ..logs import get_logger
-from ..pipeline.modes import parse_mode_spec
+from ..pipeline import PREFIX
+from ..pipeline.modes import STOCK, parse_mode_spec
 from ..workloads import LengthProfile, describe, round_lengths
 from .agent_loop import AGENT_NAME, LENGTHS_COLUMN
+from .verl_round import verl_round
 
 START_STATE = "bench_start"
 logger = get_logger(__name__)
@@ -40,50 +45,100 @@ def make_round(trainer, profile: LengthProfile, round_index: int, num_groups: in
 
 
 def lengths_honoured(trained: list, batch, lengths: list[list[int]]) -> float:
-    """Share of trained responses whose length is exactly the one the workload prescribed (must be 1.0).
-    Rows of a group are its K samples in order (verl's interleaved repeat); the prompt's uid names the group."""
-    by_uid = dict(zip(batch.non_tensor_batch["uid"], lengths, strict=True))
-    hits = total = 0
+    """Share of trained responses whose length is one the workload prescribed for its group (must be 1.0): per
+    group (the prompt's uid), the multiset of response lengths against the prescribed one. (Multisets, because
+    verl's own step may reorder rows: ``trainer.balance_batch``.)"""
+    prescribed = dict(zip(batch.non_tensor_batch["uid"], lengths, strict=True))
+    got: dict[str, list[int]] = {}
     for b in trained:
-        got = b.batch["response_mask"].sum(-1).tolist()
-        k = len(lengths[0])
-        for i, (g, uid) in enumerate(zip(got, b.non_tensor_batch["uid"], strict=True)):
-            hits += int(g) == by_uid[uid][i % k]
-            total += 1
-    return hits / max(1, total)
+        for n, uid in zip(b.batch["response_mask"].sum(-1).tolist(), b.non_tensor_batch["uid"], strict=True):
+            got.setdefault(uid, []).append(int(n))
+    hits = sum(len(want) - len(_multiset_diff(want, got.get(uid, []))) for uid, want in prescribed.items())
+    return hits / max(1, sum(len(v) for v in got.values()))
 
 
-def run_setting(trainer, profile: LengthProfile, num_groups: int, mode: str, bench, out_dir: Path) -> dict:
-    """Every round of one (workload, R, mode), from the saved start state; returns per-round metrics."""
-    from .pinning import cpu_seconds, pin_pools
+def _multiset_diff(want: list[int], have: list[int]) -> list[int]:
+    left = list(have)
+    missing = []
+    for x in want:
+        if x in left:
+            left.remove(x)
+        else:
+            missing.append(x)
+    return missing
 
-    # again per setting: verl starts some rollout actors (agent-loop workers, load balancer) lazily
-    pinned = pin_pools(list(bench.rollout_cpus), list(bench.trainer_cpus))
-    trainer.actor_rollout_wg.load_train_state(START_STATE)
-    trainer.checkpoint_manager.update_weights(0)
+
+def rotated(modes: list[str], round_index: int) -> list[str]:
+    """The modes' order in round ``round_index``: rotated by one each round, so no mode always runs first (or
+    right after another) -- the machine's state drifts over a run (page cache, allocator, thermal)."""
+    i = round_index % len(modes)
+    return [*modes[i:], *modes[:i]]
+
+
+def _pipe_for(trainer, mode: str, num_groups: int):
     spec = parse_mode_spec(mode)
-    pipe = dataclasses.replace(trainer.pipe, mode=spec.mode, num_groups=num_groups,
+    return dataclasses.replace(trainer.pipe, mode=spec.mode, num_groups=num_groups,
                                fgd_strength=spec.fgd_strength or trainer.pipe.fgd_strength,
                                frontier_width=spec.frontier_width or trainer.pipe.frontier_width,
                                train_unit=spec.train_unit or trainer.pipe.train_unit)
-    setting_dir = f"{profile.name}_R{num_groups}/{mode.replace(':', '_').replace('/', '_w').replace('+', '_')}"
-    trainer.timeline_dir = out_dir / "timelines" / setting_dir
-    rounds = []
+
+
+def _mode_dir(mode: str) -> str:
+    return mode.replace(":", "_").replace("/", "_w").replace("+", "_")
+
+
+def run_round(trainer, profile: LengthProfile, num_groups: int, mode: str, round_index: int, bench,
+              out_dir: Path, draw_png: bool) -> dict:
+    """Round ``round_index`` of a setting in one mode, from the setting's start state (weights, AdamW,
+    scheduler; published to vLLM), so every mode runs every round from the same state."""
+    from .pinning import cpu_seconds
+
+    trainer.actor_rollout_wg.load_train_state(START_STATE)
+    trainer.checkpoint_manager.update_weights(0)
+    batch, lengths = make_round(trainer, profile, round_index, num_groups, int(bench.seed))
+    trainer.global_steps = round_index + 1
+    t0, cpu0 = time.monotonic(), cpu_seconds()
+    if mode == STOCK:
+        out = verl_round(trainer, batch)
+        trained, metrics, timeline = [out["rows"]], out["metrics"], None
+        extra = {"verl_timing_s": out["verl_timing_s"]}
+    else:
+        trainer.timeline_dir = out_dir / "timelines" / f"{profile.name}_R{num_groups}" / _mode_dir(mode)
+        result = trainer.fit_round(batch, pipe=_pipe_for(trainer, mode, num_groups), draw_png=draw_png)
+        trained, metrics, timeline = result.trained, result.metrics, str(result.timeline_path)
+        extra = {"calls_per_step": result.calls_per_step}
+    cpu1 = cpu_seconds()
+    cpu = {k: round(v - cpu0.get(k, 0.0), 3) for k, v in cpu1.items() if v - cpu0.get(k, 0.0) >= 0.01}
+    return {"round": round_index + 1, "warmup": round_index < int(bench.warmup_rounds),
+            "wall_s": time.monotonic() - t0, "cpu_s": dict(sorted(cpu.items(), key=lambda kv: -kv[1])),
+            "workload_shape": describe(lengths, int(trainer.config.data.max_response_length)),
+            "lengths_honoured": lengths_honoured(trained, batch, lengths), "timeline": timeline,
+            "metrics": {k: float(v) for k, v in metrics.items() if k.startswith("rolloutpipe/")}, **extra}
+
+
+def run_setting(trainer, profile: LengthProfile, num_groups: int, modes: list[str], bench,
+                out_dir: Path) -> list[dict]:
+    """Every round of one (workload, R), all modes interleaved round by round (order rotated); one result per
+    mode with its rounds in order."""
+    from .pinning import pin_pools
+
+    per_mode: dict[str, list[dict]] = {m: [] for m in modes}
+    pinned: dict = {}
     total = int(bench.warmup_rounds) + int(bench.rounds)
-    for i in range(total):
-        batch, lengths = make_round(trainer, profile, i, num_groups, int(bench.seed))
-        trainer.global_steps = i + 1
-        t0, cpu0 = time.monotonic(), cpu_seconds()
-        result = trainer.fit_round(batch, pipe=pipe, draw_png=i == 0)  # one Gantt PNG per setting
-        cpu1 = cpu_seconds()
-        cpu = {k: round(v - cpu0.get(k, 0.0), 3) for k, v in cpu1.items() if v - cpu0.get(k, 0.0) >= 0.01}
-        rounds.append({"round": i + 1, "warmup": i < int(bench.warmup_rounds), "wall_s": time.monotonic() - t0,
-                       "cpu_s": dict(sorted(cpu.items(), key=lambda kv: -kv[1])),
-                       "workload_shape": describe(lengths, int(trainer.config.data.max_response_length)),
-                       "lengths_honoured": lengths_honoured(result.trained, batch, lengths),
-                       "timeline": str(result.timeline_path),
-                       "metrics": {k: float(v) for k, v in result.metrics.items() if k.startswith("rolloutpipe/")}})
-    return {"workload": profile.name, "R": num_groups, "mode": mode, "rounds": rounds, "pinned": pinned}
+    for i in tqdm(range(total), desc=f"{profile.name} R={num_groups} rounds", unit="round"):
+        for position, mode in enumerate(rotated(modes, i)):
+            # again before each round: verl starts some rollout actors (agent-loop workers, ...) lazily
+            pinned = pin_pools(list(bench.rollout_cpus), list(bench.trainer_cpus))
+            rec = run_round(trainer, profile, num_groups, mode, i, bench, out_dir,
+                            draw_png=i == int(bench.warmup_rounds))  # one Gantt PNG per mode and setting
+            rec["position_in_round"] = position
+            per_mode[mode].append(rec)
+            logger.info(f"[rolloutpipe bench] {profile.name} R={num_groups} round {i + 1}/{total} {mode}: "
+                        f"rollout_to_train_end="
+                        f"{rec['metrics'][PREFIX + 'rollout_to_train_end_s']:.2f}s"
+                        + (" (warm-up)" if rec["warmup"] else ""))
+    return [{"workload": profile.name, "R": num_groups, "mode": m, "rounds": per_mode[m], "pinned": pinned}
+            for m in modes]
 
 
 @ray.remote
@@ -96,9 +151,9 @@ class BenchTaskRunner:
         trainer.actor_rollout_wg.save_train_state(START_STATE)
         out_dir = Path(bench.out_dir)
         profiles = [LengthProfile.from_mapping(n, bench.profiles[n]) for n in bench.workloads]
-        plan = [(p, r, m) for p in profiles for r in bench.sizes for m in bench.modes]
         results = []
-        for p, r, m in tqdm(plan, desc="bench settings", unit="setting"):
-            logger.info(f"[rolloutpipe bench] workload={p.name} R={r} mode={m}")
-            results.append(run_setting(trainer, p, int(r), m, bench, out_dir))
+        for p in profiles:
+            for r in bench.sizes:
+                logger.info(f"[rolloutpipe bench] workload={p.name} R={r} modes={list(bench.modes)} (interleaved)")
+                results += run_setting(trainer, p, int(r), list(bench.modes), bench, out_dir)
         return {"pinned": results[-1]["pinned"] if results else {}, "results": results}
