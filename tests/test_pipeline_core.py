@@ -279,6 +279,25 @@ def test_metrics_hand_computed():
     assert m["publish_s"] == 0.5
 
 
+def test_trainer_waiting_is_split_by_cause_and_adds_up():
+    """R=3, U=1, admitted at 0. g0 in at 2, trained [2,3]; g1 in at 5, trained [5,6]; g2 (the last) in at 7,
+    trained [7.5,9]: waiting 2 s for a first group, 2 + 1 s while later groups generate, 0.5 s after the last."""
+    clock = ManualClock()
+    rnd = make_round(3, clock=clock)
+    rnd.admit()
+    for gid, ready, start, end in ((0, 2, 2, 3), (1, 5, 5, 6), (2, 7, 7.5, 9)):
+        clock.advance_to(ready)
+        rnd.served(gid)
+        rnd.materialized(gid)
+        d = rnd.take()
+        clock.advance_to(end)
+        rnd.trained(d, start, end, trainer_version=0)
+    m = {k.removeprefix(PREFIX): v for k, v in rnd.timeline.metrics().items()}
+    assert m["wait_no_group_yet_s"] == 2 and m["wait_groups_generating_s"] == 3 and m["wait_after_rollout_s"] == 0.5
+    parts = m["wait_no_group_yet_s"] + m["wait_groups_generating_s"] + m["wait_after_rollout_s"]
+    assert parts + m["trainer_busy_s"] == pytest.approx(m["rollout_to_train_end_s"]) == 9
+
+
 def test_timeline_outputs_round_trip(tmp_path):
     tl = scenario_timeline()
     paths = tl.write(tmp_path, "round0")

@@ -147,6 +147,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         self.clock = MonotonicClock()
         self.timeline_dir = Path(self.config.rolloutpipe.timeline_dir)
         self.round_rewards: list[float] = []
+        self._phase_timing: dict[str, float] = {}
         self.val_scores: list[tuple[int, float]] = []
         self.groups_trained_total = 0
         self.failover: ReplicaFailover | None = None  # disaggregated layout: replicas that may die mid-round
@@ -304,7 +305,9 @@ class RolloutPipeTrainer(RayPPOTrainer):
         later_steps = pipe.step_groups < pipe.num_groups
         self.actor_rollout_wg.begin_round(snapshot=pipe.old_log_prob == "snapshot" and later_steps)
         stream = GroupRolloutStream(self.async_rollout_manager.agent_loop_workers, pipe.group_size)
-        return _RoundRun(rnd, pipe, _RoundPrompts(self, batch, more_prompts), stream)
+        run = _RoundRun(rnd, pipe, _RoundPrompts(self, batch, more_prompts), stream)
+        self._phase_timing = run.timing  # the phases timed inside a train call (old log-probs) add up there
+        return run
 
     def _fit_rollout_side(self, run: _RoundRun) -> None:
         """The rollout thread: send what the round admits, turn each finished group into training rows (or filter
@@ -456,7 +459,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
     def _with_old_log_probs(self, rows: DataProto, step_index: int) -> DataProto:
         rows.meta_info["global_token_num"] = rows.batch["attention_mask"].sum(dim=-1).tolist()
         if self.pipe.old_log_prob == "snapshot":
-            rows = rows.union(self._old_log_probs(rows, step_index))
+            with marked_timer("rolloutpipe/old_log_prob", self._phase_timing):  # the rest of a train call: update
+                rows = rows.union(self._old_log_probs(rows, step_index))
         return rows
 
     def _train_step(self, rows: DataProto, step_index: int) -> DataProto:

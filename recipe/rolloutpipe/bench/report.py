@@ -14,7 +14,22 @@ from ..pipeline.modes import STOCK
 from .pinning import CPU_CATEGORIES
 
 METRICS = ("rollout_to_train_end_s", "trainer_wait_ratio", "first_dispatch_s", "overlap_efficiency",
-           "trainer_busy_s", "rollout_s", "ideal_s", "serial_estimate_s", "trainer_wait_before_first_s", "publish_s")
+           "trainer_busy_s", "rollout_s", "ideal_s", "serial_estimate_s", "trainer_wait_before_first_s", "publish_s",
+           "old_log_prob_s")
+# the critical path of rollout-to-train-end, in order; the parts add up to it (update: the rest of the trainer calls)
+CRITICAL_PATH = (("wait_no_group_yet_s", "waiting: no trainable group yet"),
+                 ("wait_groups_generating_s", "waiting: later groups still generating"),
+                 ("wait_after_rollout_s", "waiting: driver (rewards, advantages, dispatch)"),
+                 ("old_log_prob_s", "trainer: old log-probs"),
+                 ("update_s", "trainer: actor update (incl. per-call Ray/verl overhead)"))
+
+
+def critical_path(rnd: dict) -> dict[str, float]:
+    """One round's rollout-to-train-end split along ``CRITICAL_PATH`` (seconds)."""
+    m = {k.removeprefix(PREFIX): v for k, v in rnd["metrics"].items()}
+    out = {k: float(m.get(k, float("nan"))) for k, _ in CRITICAL_PATH[:-1]}
+    out["update_s"] = m.get("update_actor_s", m["trainer_busy_s"] - m.get("old_log_prob_s", 0.0))
+    return out
 
 
 def _median(xs: list[float]) -> float:
@@ -96,6 +111,7 @@ def summarize(raw: dict) -> dict[str, Any]:
         rec["materialize_per_group_s"] = _median(mats)
         rec["workload_shape"] = rounds[0]["workload_shape"] if rounds else {}
         rec["lengths_honoured"] = min((r.get("lengths_honoured", float("nan")) for r in rounds), default=float("nan"))
+        rec["critical_path_s"] = {k: _median([critical_path(r)[k] for r in rounds]) for k, _ in CRITICAL_PATH}
         rec["cpu_s_per_round"] = {cat: round(_median([sum(v for key, v in r.get("cpu_s", {}).items()
                                                          if key.startswith(cat + ":")) for r in rounds]), 3)
                                   for cat in CPU_CATEGORIES}
@@ -156,6 +172,15 @@ def markdown(summary: dict[str, Any]) -> str:
             f"{_ci(r, 'reduction_vs_verl')} | {r.get('verdict_vs_verl', '–')} | {_ci(r, 'reduction_vs_sync')} | "
             f"{_fmt(r['trainer_wait_ratio'], True)} | {_fmt(r['first_dispatch_s'])} | {_fmt(r['rollout_s'])} | "
             f"{_fmt(r.get('overlap_efficiency', float('nan')))} |")
+    lines += ["", "Critical path of rollout→train end (medians, s): " + "; ".join(
+        f"{i + 1}. {label}" for i, (_, label) in enumerate(CRITICAL_PATH)) + ".", "",
+        "| workload | R | mode | " + " | ".join(str(i + 1) for i in range(len(CRITICAL_PATH))) + " | sum |",
+        "|---" * (4 + len(CRITICAL_PATH)) + "|"]
+    for r in summary["records"]:
+        cp = r.get("critical_path_s", {})
+        lines.append(f"| {r['workload']} | {r['R']} | {r['mode']} | "
+                     + " | ".join(_fmt(cp.get(k, float("nan"))) for k, _ in CRITICAL_PATH)
+                     + f" | {_fmt(sum(cp.values()) if cp else float('nan'))} |")
     lines += ["", "CPU seconds per round by whose process (medians; rollout and trainer: the pinned pools; driver: the "
               "project's own driver and task runner; Ray's daemons and kernel threads apart):", "",
               "| workload | R | mode | " + " | ".join(CPU_CATEGORIES) + " |", "|---" * (3 + len(CPU_CATEGORIES)) + "|"]
@@ -205,6 +230,36 @@ def plot_bars(summary: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def plot_attribution(summary: dict[str, Any], workload: str, num_groups: int, path: Path) -> Path | None:
+    """One stacked bar per mode: the critical path of rollout-to-train-end (medians over measured rounds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = [r for r in summary["records"] if r["workload"] == workload and r["R"] == num_groups
+            and "critical_path_s" in r]
+    if not recs:
+        return None
+    fig, ax = plt.subplots(figsize=(1.4 * len(recs) + 4.5, 4))
+    bottom = [0.0] * len(recs)
+    colors = ("#bbbbbb", "#e6a23c", "#909399", "#5b8ff9", "#8c1c13")
+    for (key, label), color in zip(CRITICAL_PATH, colors, strict=True):
+        vals = [max(0.0, r["critical_path_s"].get(key, 0.0) or 0.0) for r in recs]
+        vals = [v if v == v else 0.0 for v in vals]
+        ax.bar(range(len(recs)), vals, bottom=bottom, color=color, label=label)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set_xticks(range(len(recs)), [r["mode"] for r in recs], fontsize=8)
+    ax.set_ylabel("rollout → train end (s), median")
+    ax.set_title(f"Where the time goes: {workload} R={num_groups}", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_stacked(raw: dict, workload: str, num_groups: int, path: Path) -> Path | None:
     """The three modes' timelines of one setting, stacked (the measured round closest to the mode's median)."""
     timelines, labels = [], []
@@ -234,4 +289,5 @@ def write_all(raw: dict, out_dir: Path, json_out: Path | None) -> dict[str, Any]
     plot_bars(summary, out_dir / "bench_bars.png")
     for w, r in dict.fromkeys((s["workload"], s["R"]) for s in raw["results"]):
         plot_stacked(raw, w, r, out_dir / f"timelines_{w}_R{r}.png")
+        plot_attribution(summary, w, r, out_dir / f"critical_path_{w}_R{r}.png")
     return summary

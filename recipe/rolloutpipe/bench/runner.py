@@ -105,7 +105,8 @@ def run_round(trainer, profile: LengthProfile, num_groups: int, mode: str, round
     else:
         trainer.timeline_dir = out_dir / "timelines" / f"{profile.name}_R{num_groups}" / _mode_dir(mode)
         result = trainer.fit_round(batch, pipe=_pipe_for(trainer, mode, num_groups), draw_png=draw_png)
-        trained, metrics, timeline = result.trained, result.metrics, str(result.timeline_path)
+        trained, metrics, timeline = result.trained, dict(result.metrics), str(result.timeline_path)
+        metrics[PREFIX + "old_log_prob_s"] = metrics.get("timing_s/rolloutpipe/old_log_prob", 0.0)
         extra = {"calls_per_step": result.calls_per_step}
     cpu1 = cpu_seconds()
     cpu = {k: round(v - cpu0.get(k, 0.0), 3) for k, v in cpu1.items() if v - cpu0.get(k, 0.0) >= 0.01}

@@ -83,7 +83,11 @@ def verl_round(trainer, batch) -> dict[str, Any]:
         "first_dispatch_s": rollout,  # every group reaches the trainer when the whole batch is generated
         "old_log_prob_s": t["old_log_prob"] - t["rewarded"],
         "update_actor_s": t["trained"] - t["advantages"],
-        "driver_s": (t["rewarded"] - t["generated"]) + (t["advantages"] - t["old_log_prob"]),  # reward + adv.
+        # the critical path's parts as the pipelined modes' (timeline.wait_breakdown): the trainer waits for the whole
+        # generation, then for the driver's rewards and advantages
+        "wait_no_group_yet_s": rollout,
+        "wait_groups_generating_s": 0.0,
+        "wait_after_rollout_s": (t["rewarded"] - t["generated"]) + (t["advantages"] - t["old_log_prob"]),
         "serial_estimate_s": rollout + busy,
         "publish_s": t["published"] - t["trained"],
         "groups_trained": float(len(rows) // k),

@@ -131,7 +131,30 @@ class RoundTimeline:
         }
         if self.publish:
             m["publish_s"] = self.publish[1] - self.publish[0]
-        return {PREFIX + k: float(v) for k, v in m.items()}
+        return {**{PREFIX + k: float(v) for k, v in m.items()}, **self.wait_breakdown()}
+
+    def wait_breakdown(self) -> dict[str, float]:
+        """The trainer's waiting in the rollout-to-train-end window, by cause: before the first trainable group
+        (``wait_no_group_yet_s``), later while groups of the round were still generating
+        (``wait_groups_generating_s``: the rollout is the bottleneck), and after the last group was in
+        (``wait_after_rollout_s``: the driver's own latency -- materialize, dispatch)."""
+        admits = self._times(GroupState.ADMITTED.value)
+        if not admits or not self.intervals:
+            return {}
+        t0 = min(admits)
+        rollout_done = max(g["times"][s] for g in self.groups for s in _ROLLOUT_DONE if s in g["times"])
+        ivs = sorted(self.intervals, key=lambda iv: iv.start)
+        before = max(0.0, ivs[0].start - t0)
+        generating = after = 0.0
+        busy_until = ivs[0].end
+        for iv in ivs[1:]:
+            gap_start, gap_end = busy_until, iv.start
+            if gap_end > gap_start:
+                generating += max(0.0, min(gap_end, rollout_done) - gap_start)
+                after += max(0.0, gap_end - max(gap_start, rollout_done))
+            busy_until = max(busy_until, iv.end)
+        return {PREFIX + "wait_no_group_yet_s": before, PREFIX + "wait_groups_generating_s": generating,
+                PREFIX + "wait_after_rollout_s": after}
 
     # ---- outputs -----------------------------------------------------------------------------------------------
     def chrome_trace(self, name: str = "round") -> dict[str, Any]:

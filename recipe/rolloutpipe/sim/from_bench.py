@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..pipeline.modes import parse_mode_spec
+from ..pipeline.modes import STOCK, parse_mode_spec
 from ..workloads import LengthProfile, round_lengths
 from .calibrate import bisect_increasing, fit_engine_scale
 from .simulator import EngineModel, RoundSpec, TrainerModel, simulate_round
@@ -47,12 +47,16 @@ def _spec(mode: str, num_groups: int, settings: dict) -> RoundSpec:
                      frontier_width=m.frontier_width or settings["F_w"], fgd_strength=m.fgd_strength or "hold")
 
 
-def calibrate(metrics: dict[str, float], work: FixedLengths, spec: RoundSpec) -> tuple[EngineModel, TrainerModel]:
+def calibrate(metrics: dict[str, float], work: FixedLengths, spec: RoundSpec,
+              max_running: int = 256) -> tuple[EngineModel, TrainerModel]:
+    """Engine speed and trainer cost per token from one round's measured rollout and trainer busy time
+    (``max_running``: the engine's running slots, the bench's ``max_num_seqs``)."""
     tokens = sum(sum(r) for r in work.rows)
     trainer = TrainerModel(per_group_s=0.0, per_token_s=metrics["rolloutpipe/trainer_busy_s"] / tokens,
                            step_overhead_s=0.0, whole_step=True, reward_s=0.001,
                            publish_s=metrics.get("rolloutpipe/publish_s", 0.0))
-    return fit_engine_scale(spec, work, STEP_SHAPE, trainer, metrics["rolloutpipe/rollout_s"]), trainer
+    shape = replace(STEP_SHAPE, max_running=max_running)
+    return fit_engine_scale(spec, work, shape, trainer, metrics["rolloutpipe/rollout_s"]), trainer
 
 
 def fit_contention(metrics: dict[str, float], work: FixedLengths, spec: RoundSpec, eng: EngineModel,
@@ -85,7 +89,7 @@ def validate_against_bench(raw: dict[str, Any], calibrate_mode: str = "sync",
     out = []
     for (workload, r, mode), s in by.items():
         base = by.get((workload, r, calibrate_mode))
-        if base is None:
+        if base is None or mode == STOCK:  # verl's own step is not a mode the simulator runs
             continue
         profile = LengthProfile.from_mapping(workload, settings["profiles"][workload])
         measured, predicted = [], []
@@ -97,7 +101,8 @@ def validate_against_bench(raw: dict[str, Any], calibrate_mode: str = "sync",
             i = rnd["round"] - 1
             work = FixedLengths(tuple(map(tuple, round_lengths(profile, settings.get("seed", 0) * 1000 + i, r,
                                                                settings["K"], cap))))
-            eng, tr = calibrate(cal_round["metrics"], work, _spec(calibrate_mode, r, settings))
+            eng, tr = calibrate(cal_round["metrics"], work, _spec(calibrate_mode, r, settings),
+                                settings.get("max_num_seqs", 256))
             if cont_round is not None:
                 eng, tr = fit_contention(cont_round["metrics"], work, _spec(contention_mode, r, settings), eng, tr)
             pm = simulate_round(_spec(mode, r, settings), work, eng, tr).metrics()
