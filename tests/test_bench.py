@@ -13,7 +13,7 @@ import pytest
 
 from recipe.rolloutpipe.bench.agent_loop import parse_lengths
 from recipe.rolloutpipe.bench.pinning import cpu_category
-from recipe.rolloutpipe.bench.report import markdown, overlap_efficiency_vs_stock, summarize
+from recipe.rolloutpipe.bench.report import markdown, overlap_efficiency_vs_stock, rollout_vs_r, summarize
 from recipe.rolloutpipe.bench.runner import rotated
 from recipe.rolloutpipe.pipeline.modes import ModeSpec, parse_mode_spec
 from recipe.rolloutpipe.workloads import LengthProfile, describe, round_lengths
@@ -140,3 +140,11 @@ def test_bench_runs_all_modes_on_the_real_stack(tmp_path):
     assert any(p.startswith("VLLM::Worker") for p in raw["pinned"]["rollout"])
     for name in ("bench.md", "bench_bars.png", "timelines_sci-longtail_R4.png"):
         assert (tmp_path / "results" / name).stat().st_size > 0
+
+
+def test_rollout_time_against_r_is_fitted_per_workload():
+    recs = [{"workload": "w", "mode": "stock", "R": r, "rollout_s": 0.5 * r + 1} for r in (8, 16, 24)]
+    recs += [{"workload": "w", "mode": "cgp", "R": 8, "rollout_s": 99.0}]  # pipelined modes are not fitted
+    (fit,) = rollout_vs_r(recs)
+    assert fit["mode"] == "stock" and fit["s_per_group"] == pytest.approx(0.5)
+    assert fit["intercept_s"] == pytest.approx(1) and fit["r2"] == pytest.approx(1)

@@ -40,7 +40,8 @@ def load_config(quick: bool, overrides: list[str]):
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m recipe.rolloutpipe.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="one workload, one R (under 10 minutes on 2 cores)")
+    ap.add_argument("--quick", action="store_true",
+                    help="stock, sync, cgp, cgp_fgd on one workload, one R, 5 rounds (about 10 minutes on 2 cores)")
     ap.add_argument("--json", type=Path, default=None, help="also write the summary records here")
     ap.add_argument("overrides", nargs="*", help="key=value overrides (verl / rolloutpipe keys)")
     args = ap.parse_args(argv)

@@ -146,7 +146,26 @@ def summarize(raw: dict) -> dict[str, Any]:
         if rec["mode"] == "sync":
             rec["pipeline_overhead_share"] = rec["no_work_s"] / rec["rollout_to_train_end_s"]
     return {"git_commit": raw.get("git_commit"), "machine": raw.get("machine"), "pinned": raw.get("pinned"),
-            "settings": raw.get("settings"), "records": records}
+            "settings": raw.get("settings"), "records": records, "rollout_vs_R": rollout_vs_r(records)}
+
+
+def rollout_vs_r(records: list[dict]) -> list[dict]:
+    """Per workload and serial mode (``stock``, ``sync``: the rollout undisturbed by training), median rollout time
+    against R with a least-squares line and its R²: a saturated engine's rollout grows linearly in R."""
+    out = []
+    for w in dict.fromkeys(r["workload"] for r in records):
+        for mode in (STOCK, "sync"):
+            pts = sorted((r["R"], r["rollout_s"]) for r in records if r["workload"] == w and r["mode"] == mode)
+            if len(pts) < 2:
+                continue
+            x, y = np.array([p[0] for p in pts], float), np.array([p[1] for p in pts], float)
+            slope, icept = np.polyfit(x, y, 1)
+            resid = y - (slope * x + icept)
+            ss = float(((y - y.mean()) ** 2).sum())
+            out.append({"workload": w, "mode": mode, "R": x.tolist(), "rollout_s": y.tolist(),
+                        "s_per_group": float(slope), "intercept_s": float(icept),
+                        "r2": 1 - float((resid ** 2).sum()) / ss if ss > 0 else float("nan")})
+    return out
 
 
 def _fmt(x: float, pct: bool = False) -> str:
@@ -172,6 +191,13 @@ def markdown(summary: dict[str, Any]) -> str:
             f"{_ci(r, 'reduction_vs_verl')} | {r.get('verdict_vs_verl', '–')} | {_ci(r, 'reduction_vs_sync')} | "
             f"{_fmt(r['trainer_wait_ratio'], True)} | {_fmt(r['first_dispatch_s'])} | {_fmt(r['rollout_s'])} | "
             f"{_fmt(r.get('overlap_efficiency', float('nan')))} |")
+    if summary.get("rollout_vs_R"):
+        lines += ["", "Rollout time against R (serial modes, medians): least-squares line and R².", "",
+                  "| workload | mode | R | rollout (s) | s per group | intercept (s) | R² |", "|---" * 7 + "|"]
+        for f in summary["rollout_vs_R"]:
+            lines.append(f"| {f['workload']} | {f['mode']} | {', '.join(str(int(x)) for x in f['R'])} | "
+                         f"{', '.join(_fmt(y) for y in f['rollout_s'])} | {f['s_per_group']:.3f} | "
+                         f"{f['intercept_s']:.2f} | {f['r2']:.3f} |")
     lines += ["", "Critical path of rollout→train end (medians, s): " + "; ".join(
         f"{i + 1}. {label}" for i, (_, label) in enumerate(CRITICAL_PATH)) + ".", "",
         "| workload | R | mode | " + " | ".join(str(i + 1) for i in range(len(CRITICAL_PATH))) + " | sum |",

@@ -42,7 +42,7 @@ class FixedLengths:
 
 
 def _spec(mode: str, num_groups: int, settings: dict) -> RoundSpec:
-    m = parse_mode_spec(mode)
+    m = parse_mode_spec("sync" if mode == STOCK else mode)  # verl's own step is a serial round
     return RoundSpec(num_groups, group_size=settings["K"], step_groups=settings["U"], mode=m.mode,
                      frontier_width=m.frontier_width or settings["F_w"], fgd_strength=m.fgd_strength or "hold")
 
