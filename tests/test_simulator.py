@@ -72,17 +72,21 @@ def test_from_run_replays_the_round_shape_the_run_recorded(tmp_path):
         main(["--from-run", str(tmp_path / "old.json")])
 
 
-def test_simulator_reproduces_the_real_benchmark_for_the_calibrated_modes():
+def test_simulator_predicts_the_real_benchmark_out_of_sample():
     """docs/results/bench_raw.json is a real pinned CPU run (python -m recipe.rolloutpipe.bench). Calibrated per
-    setting on its sync rounds (trainer, engine speed) and cgp rounds (contention), the simulator must reproduce
-    both modes' rollout-to-train-end within 15% in every setting; the FGD modes are reported (docs/simulator.md)."""
+    round on verl's own (stock) rounds only -- engine speed, trainer seconds per token -- the simulator must predict
+    the serial mode and CGP within 20 % in every setting (measured: -14.7 .. +8.5 % and -17.5 .. +5.2 %). Calibrated
+    on sync rounds it must reproduce them (the calibration itself). The FGD modes are reported (docs/simulator.md)."""
     import json
     from pathlib import Path
 
     from recipe.rolloutpipe.sim.from_bench import validate_against_bench
 
     raw = json.loads((Path(__file__).resolve().parents[1] / "docs/results/bench_raw.json").read_text())
-    records = validate_against_bench(raw)
-    calibrated = [r for r in records if r["mode"] in ("sync", "cgp")]
-    assert len(calibrated) == 2 * len({(r["workload"], r["R"]) for r in records}) >= 2
-    assert all(abs(r["error"]) <= 0.15 for r in calibrated), calibrated
+    settings = {(r["workload"], r["R"]) for r in raw["results"]}
+    predicted = [r for r in validate_against_bench(raw, calibrate_mode="stock", contention_mode=None)
+                 if r["mode"] in ("sync", "cgp")]
+    assert len(predicted) == 2 * len(settings) >= 2
+    assert all(abs(r["error"]) <= 0.20 for r in predicted), predicted
+    reproduced = [r for r in validate_against_bench(raw) if r["mode"] == "sync"]
+    assert len(reproduced) == len(settings) and all(abs(r["error"]) <= 0.01 for r in reproduced), reproduced

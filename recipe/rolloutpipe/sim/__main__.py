@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in records:
             print(f"{r['workload']:16} R={r['R']:<3} {r['mode']:18} measured {r['measured_s']:6.2f}s  "
                   f"predicted {r['predicted_s']:6.2f}s  error {r['error']:+.1%}")
-        calibrated = {serial} if args.out_of_sample else {"sync", "cgp"}
-        pipelined = [abs(r["error"]) for r in records if r["mode"] not in calibrated]
+        fitted_modes = {serial} if args.out_of_sample else {"sync", "cgp"}
+        pipelined = [abs(r["error"]) for r in records if r["mode"] not in fitted_modes]
         if pipelined:
             print(f"predicted modes: median |error| {sorted(pipelined)[len(pipelined) // 2]:.1%}, "
                   f"max {max(pipelined):.1%}, within 15%: {sum(e <= 0.15 for e in pipelined)}/{len(pipelined)}")
