@@ -46,6 +46,13 @@ def _pids(title: str) -> list[int]:
     return pids
 
 
+# 90th percentile of |vLLM log-prob - trainer log-prob| over a round's response tokens under the same weights:
+# measured 0.8e-4 .. 1.1e-4 per round (fp32 on both sides); vLLM one optimizer step stale: 0.095; never published
+# (dummy weights): O(1). The mean is no test statistic: one token in a few hundred can differ by 0.3 and pushed a
+# same-weights round's mean to 1.1e-3 (docs/metrics.md).
+LP_GAP_P90_BOUND = 1e-3
+LP_GAP_P90 = re.compile(r"\[rolloutpipe\] round (\d+) .*?reward=([0-9.]+) .*?lp_diff_p90=([0-9.]+)")
+
 DIED = re.compile(r"rolloutpipe: a worker died during round (\d+) .*?Last checkpoint: (\S+); rerun the same command "
                   r"\(trainer.resume_mode=auto\) to restart round (\d+) from it")
 
@@ -111,9 +118,13 @@ def test_killed_rollout_replica_stops_with_the_resume_message(tmp_path):
     publishing and one message names the last checkpoint."""
     cmd = _cmd(tmp_path, "c") + ["trainer.save_freq=1", "rolloutpipe.stall_timeout_s=120",
                                  "rolloutpipe.layout=disaggregated"]
-    _, died = _kill_after_checkpoint(cmd, tmp_path / "c", 1, "ray::vLLMHttpServer")
+    log, died = _kill_after_checkpoint(cmd, tmp_path / "c", 1, "ray::vLLMHttpServer")
     print(died.group(0))
     assert "(all 1 rollout replicas died)" in died.group(0)
+    # round 1 ran on the standalone replica, started from dummy weights: only the CPU checkpoint-engine publish
+    # makes its log-probs match the trainer's, and a model with random weights would answer no arithmetic
+    [(step, reward, gap)] = [m for m in LP_GAP_P90.findall(log) if m[0] == "1"]
+    assert float(gap) <= LP_GAP_P90_BOUND and float(reward) > 0, (reward, gap)
     assert died.group(2).endswith(f"global_step_{int(died.group(3)) - 1}")
     assert (tmp_path / "c" / died.group(2).rsplit("/", 1)[-1] / "rolloutpipe_state.json").exists()
 
@@ -148,5 +159,5 @@ def test_killed_rollout_replica_fails_over_to_the_survivor(tmp_path):
             assert sorted(g["order"] for g in tl["groups"] if g["resends"]) == sorted(resent)
     assert f"{rounds * 16} groups trained" in log
     # the survivor still receives every publish: its log-probs match the trainer's after the failure
-    lp = [float(x) for x in re.findall(r"lp_diff=([0-9.]+)", log)]
-    assert len(lp) == rounds and max(lp) <= 1e-3, lp  # measured <= 1e-4 (test_rolloutpipe_e2e.LP_DIFF_BOUND)
+    gaps = [float(m[2]) for m in LP_GAP_P90.findall(log)]
+    assert len(gaps) == rounds and max(gaps) <= LP_GAP_P90_BOUND, gaps

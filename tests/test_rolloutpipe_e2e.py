@@ -11,9 +11,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# vLLM's and the trainer's mean |log-prob| difference under the same weights: measured 0.0000-0.0001 per round
-# (fp32 on both sides); a publish that did not reach vLLM gives O(1). The bound keeps a 10x margin.
-LP_DIFF_BOUND = 1e-3
 ROUND = re.compile(r"\[rolloutpipe\] round (\d+) mode=(\w+) .*?reward=([0-9.]+) rollout_to_train_end=([0-9.]+)s "
                    r"wait_ratio=([0-9.]+)%")
 
@@ -72,17 +69,6 @@ def test_streaming_rounds(tmp_path, mode, extra):
 @pytest.mark.parametrize("train_unit", ["step", "groups"])
 def test_verify_onpolicy_is_exact(tmp_path, train_unit, verify_onpolicy):
     verify_onpolicy(tmp_path, train_unit)
-
-
-def test_disaggregated_layout_publishes_weights(tmp_path):
-    """Standalone vLLM replica on its own pool, started from random weights: only the CPU checkpoint-engine
-    publish can make its log-probs match the trainer's."""
-    log = run_main(tmp_path, "rolloutpipe.layout=disaggregated", "trainer.total_training_steps=2")
-    rounds = ROUND.findall(log)
-    assert [r[0] for r in rounds] == ["1", "2"], log[-3000:]
-    diffs = [float(x) for x in re.findall(r"lp_diff=([0-9.]+)", log)]
-    assert len(diffs) == 2 and max(diffs) <= LP_DIFF_BOUND, diffs
-    assert all(float(r[2]) > 0 for r in rounds)  # random weights would answer no arithmetic
 
 
 def test_dynamic_sampling_trains_only_groups_with_reward_variance(tmp_path):
