@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from contextlib import contextmanager
 
 import torch
@@ -232,6 +233,28 @@ class StreamingActorMixin:
         grads, self._rp_grads = self._rp_grads, []
         return grads
 
+
+    # ---- compute time inside this worker (the benchmark's per-call overhead = a call's wall time minus this) -------
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def pop_compute_seconds(self) -> float:
+        """Seconds spent in verl's ``train_mini_batch`` / ``infer_batch`` (every update, accumulate and log-prob
+        call runs through them) since the last call; the first call starts the clock. Everything else in a worker
+        call's wall time -- Ray's round trip, (de)serialising the batch, verl's dispatch -- is per-call overhead."""
+        if not hasattr(self, "_rp_compute_s"):
+            self._rp_compute_s = 0.0
+            for name in ("train_mini_batch", "infer_batch"):
+                verl_fn = getattr(self.actor, name)
+
+                def timed(*args, _verl_fn=verl_fn, **kwargs):
+                    t0 = time.perf_counter()
+                    try:
+                        return _verl_fn(*args, **kwargs)
+                    finally:
+                        self._rp_compute_s += time.perf_counter() - t0
+
+                setattr(self.actor, name, timed)  # this instance only; verl's class is untouched
+        seconds, self._rp_compute_s = self._rp_compute_s, 0.0
+        return seconds
 
 class StreamingActorWorker(StreamingActorMixin, ActorRolloutRefWorker):
     """Hybrid layout: actor and rollout share verl's ``ActorRolloutRefWorker``."""

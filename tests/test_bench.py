@@ -134,6 +134,9 @@ def test_bench_runs_all_modes_on_the_real_stack(tmp_path):
     raw_rounds = json.loads((tmp_path / "results" / "bench_raw.json").read_text())["results"]
     stock = raw_rounds[0]["rounds"][0]
     assert stock["verl_timing_s"]["gen"] > 0 and stock["verl_timing_s"]["update_actor"] > 0  # verl's own step ran
+    for res in raw_rounds:  # the worker's compute is part of the trainer's call time, the rest is overhead
+        m = res["rounds"][0]["metrics"]
+        assert 0 < m["rolloutpipe/worker_compute_s"] < m["rolloutpipe/trainer_busy_s"], (res["mode"], m)
     assert [res["rounds"][0]["position_in_round"] for res in raw_rounds] == [0, 1, 2, 3]
     raw = json.loads((tmp_path / "results" / "bench_raw.json").read_text())
     assert {p.split(" ")[0] for p in raw["pinned"]["trainer"]} == {"ray::WorkerDict"}

@@ -97,6 +97,7 @@ def run_round(trainer, profile: LengthProfile, num_groups: int, mode: str, round
     trainer.checkpoint_manager.update_weights(0)
     batch, lengths = make_round(trainer, profile, round_index, num_groups, int(bench.seed))
     trainer.global_steps = round_index + 1
+    trainer.actor_rollout_wg.pop_compute_seconds()  # from here on
     t0, cpu0 = time.monotonic(), cpu_seconds()
     if mode == STOCK:
         out = verl_round(trainer, batch)
@@ -109,6 +110,11 @@ def run_round(trainer, profile: LengthProfile, num_groups: int, mode: str, round
         metrics[PREFIX + "old_log_prob_s"] = metrics.get("timing_s/rolloutpipe/old_log_prob", 0.0)
         extra = {"calls_per_step": result.calls_per_step}
     cpu1 = cpu_seconds()
+    # the trainer pool's calls: compute inside the worker vs the rest of each call (Ray, serialisation, dispatch)
+    compute = max(trainer.actor_rollout_wg.pop_compute_seconds())  # ranks compute in parallel
+    busy = metrics[PREFIX + "trainer_busy_s"]
+    metrics.update({PREFIX + "worker_compute_s": compute, PREFIX + "call_overhead_s": busy - compute,
+                    PREFIX + "call_overhead_share": (busy - compute) / busy if busy > 0 else float("nan")})
     cpu = {k: round(v - cpu0.get(k, 0.0), 3) for k, v in cpu1.items() if v - cpu0.get(k, 0.0) >= 0.01}
     return {"round": round_index + 1, "warmup": round_index < int(bench.warmup_rounds),
             "wall_s": time.monotonic() - t0, "cpu_s": dict(sorted(cpu.items(), key=lambda kv: -kv[1])),
