@@ -233,7 +233,6 @@ class StreamingActorMixin:
         grads, self._rp_grads = self._rp_grads, []
         return grads
 
-
     # ---- compute time inside this worker (the benchmark's per-call overhead = a call's wall time minus this) -------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def pop_compute_seconds(self) -> float:
@@ -255,6 +254,7 @@ class StreamingActorMixin:
                 setattr(self.actor, name, timed)  # this instance only; verl's class is untouched
         seconds, self._rp_compute_s = self._rp_compute_s, 0.0
         return seconds
+
 
 class StreamingActorWorker(StreamingActorMixin, ActorRolloutRefWorker):
     """Hybrid layout: actor and rollout share verl's ``ActorRolloutRefWorker``."""

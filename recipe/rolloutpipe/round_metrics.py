@@ -53,7 +53,9 @@ def round_metrics(timeline: RoundTimeline, trained: list[DataProto], step_output
         # the per-token gaps are heavy-tailed (median ~1e-5, a rare token up to ~0.3 under the same weights), so
         # the mean of a round's few hundred tokens can reach 1e-3 from one token; the 90th percentile is ~1e-4
         # when the publish arrived and ~0.1 when vLLM is one optimizer step stale (docs/metrics.md)
-        metrics[PREFIX + "rollout_vs_trainer_logprob_diff_p90"] = float(torch.quantile(gap[mask.bool()].float(), 0.9))
+        tokens = gap[mask.bool()].float()
+        metrics[PREFIX + "rollout_vs_trainer_logprob_diff_p90"] = (float(torch.quantile(tokens, 0.9)) if len(tokens)
+                                                                   else float("nan"))
     return metrics
 
 
