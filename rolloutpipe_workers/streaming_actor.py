@@ -32,6 +32,9 @@ from verl.experimental.separation.engine_workers import DetachActorWorker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
+# the batch's meta key that says where π_old comes from in ``update_actor_with_old_log_prob``: "live" | "snapshot"
+OLD_LOG_PROB_FROM = "rolloutpipe_old_log_prob_from"
+
 
 class StreamingActorMixin:
     """The streaming additions, for either of verl's actor workers (hybrid or disaggregated)."""
@@ -63,17 +66,47 @@ class StreamingActorMixin:
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def compute_log_prob_snapshot(self, data):  # verl TensorDict in/out
         """Log-probs under the snapshot weights; the live weights (and pending gradients) are untouched."""
+        return self._infer_snapshot(data)
+
+    def _infer(self, data):
+        output = self.actor.infer_batch(
+            self._fit_micro_batches(data, self.actor.engine_config.infer_micro_batch_size_per_gpu))
+        return output.cpu() if output is not None else None
+
+    # ---- π_old and the update in one call (train_unit: step, old_log_prob: snapshot) ----------------------------
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def update_actor_with_old_log_prob(self, data):  # verl TensorDict in/out
+        """verl's ``compute_log_prob`` then verl's ``update_actor`` on the same rows, in one call instead of two:
+        π_old under weights v (the live weights before the round's first optimizer step, the snapshot after it),
+        written into the batch as ``old_log_probs`` exactly as the driver would, then verl's update. Returns the
+        log-prob output (``log_probs``, no padding, as ``compute_log_prob``) with the update's metrics: the driver
+        keeps π_old for its metrics and the on-policy check without a second call."""
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import no_padding_2_padding
+
+        source = tu.pop(data, key=OLD_LOG_PROB_FROM, default="live")
+        infer = data.copy()  # the infer pass sets its own keys (micro-batch, compute_loss) on a shallow copy
+        tu.assign_non_tensor(infer, calculate_entropy=False, compute_loss=False)
+        logp = self._infer_snapshot(infer) if source == "snapshot" else self._infer(infer)
+        if logp is None:  # verl returns outputs only on a model-parallel group's source rank; every FSDP rank is one
+            raise RuntimeError("update_actor_with_old_log_prob needs every rank to see its log-probs (no sequence "
+                               "parallelism); the trainer uses two calls otherwise")
+        data["old_log_probs"] = no_padding_2_padding(tu.get(logp, "log_probs"), data).float()
+        self._fit_micro_batches(data, self.actor.engine_config.micro_batch_size_per_gpu)
+        update = self.actor.train_mini_batch(data=data)
+        if update is None:
+            return None
+        tu.assign_non_tensor(logp, metrics=tu.get(update, "metrics"))
+        return logp
+
+    def _infer_snapshot(self, data):
         live = self._clone_params()
         self._load_params(self._rp_snapshot)
         try:
             return self._infer(data)
         finally:
             self._load_params(live)
-
-    def _infer(self, data):
-        output = self.actor.infer_batch(
-            self._fit_micro_batches(data, self.actor.engine_config.infer_micro_batch_size_per_gpu))
-        return output.cpu() if output is not None else None
 
     def _fit_micro_batches(self, data, configured: int | None):
         """A streamed call can hold fewer rows than verl's micro-batch (one group of K < micro-batch), which verl

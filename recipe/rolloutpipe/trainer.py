@@ -56,9 +56,9 @@ class _Rerouted:
     """The actor worker group with one method answered by another, so verl's trainer code that calls the first
     (``_compute_old_log_prob``, ``_update_actor``) runs unchanged on the streaming worker's variant."""
 
-    def __init__(self, wg, method: str, to: str) -> None:
+    def __init__(self, wg, method: str, to: str | Callable) -> None:
         self._wg = wg
-        setattr(self, method, getattr(wg, to))
+        setattr(self, method, getattr(wg, to) if isinstance(to, str) else to)
 
     def __getattr__(self, name: str):
         return getattr(self._wg, name)
@@ -438,7 +438,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
 
     # ---- trainer side: one optimizer step on U complete groups ------------------------------------------------
     @contextmanager
-    def _routed(self, method: str, to: str) -> Iterator[None]:
+    def _routed(self, method: str, to: str | Callable) -> Iterator[None]:
         """verl's trainer code inside calls the streaming worker's ``to`` where it calls ``method``."""
         live = self.actor_rollout_wg
         self.actor_rollout_wg = _Rerouted(live, method, to)
@@ -464,8 +464,36 @@ class RolloutPipeTrainer(RayPPOTrainer):
         return rows
 
     def _train_step(self, rows: DataProto, step_index: int) -> DataProto:
-        """``train_unit: step``: one verl update call on the whole step (its U groups)."""
-        return self._update_actor(self._with_old_log_probs(rows, step_index))
+        """``train_unit: step``: the whole step (its U groups) in one worker call -- π_old and verl's update fused
+        (``update_actor_with_old_log_prob``) -- or, with π_old from the rollout, verl's update alone."""
+        if self.pipe.old_log_prob != "snapshot" or not self._fused_update:
+            return self._update_actor(self._with_old_log_probs(rows, step_index))
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import no_padding_2_padding
+
+        from rolloutpipe_workers.streaming_actor import OLD_LOG_PROB_FROM  # worker module: import where used
+
+        rows.meta_info["global_token_num"] = rows.batch["attention_mask"].sum(dim=-1).tolist()
+        rows.meta_info[OLD_LOG_PROB_FROM] = "live" if step_index == 0 else "snapshot"
+        fused, sent = self.actor_rollout_wg.update_actor_with_old_log_prob, {}
+
+        def update_actor(batch_td):  # verl's _update_actor builds the call; keep what π_old needs back here
+            sent["td"], sent["out"] = batch_td, fused(batch_td)
+            return sent["out"]
+
+        try:
+            with self._routed("update_actor", update_actor):
+                out = self._update_actor(rows)
+        finally:
+            rows.meta_info.pop(OLD_LOG_PROB_FROM)
+        # π_old back in the rows, padded as verl's _compute_old_log_prob returns it (metrics, on-policy check)
+        rows.batch["old_log_probs"] = no_padding_2_padding(tu.get(sent["out"], "log_probs"), sent["td"]).float()
+        return out
+
+    @property
+    def _fused_update(self) -> bool:
+        """Fused π_old + update needs every trainer rank to hold its own log-probs: no sequence parallelism."""
+        return int(self.config.actor_rollout_ref.actor.get("ulysses_sequence_parallel_size", 1)) == 1
 
     def _train_groups(self, rows: DataProto | None, d) -> DataProto | None:  # a pipeline Dispatch
         """``train_unit: groups``: forward + backward on the groups there are now (verl's update path, routed to the
