@@ -32,7 +32,7 @@ from verl.experimental.separation.engine_workers import DetachActorWorker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
-# the batch's meta key that says where π_old comes from in ``update_actor_with_old_log_prob``: "live" | "snapshot"
+# the batch's meta key that says where π_old comes from in ``update_actor_in_round``: "live" | "snapshot" | "batch"
 OLD_LOG_PROB_FROM = "rolloutpipe_old_log_prob_from"
 
 
@@ -73,32 +73,52 @@ class StreamingActorMixin:
             self._fit_micro_batches(data, self.actor.engine_config.infer_micro_batch_size_per_gpu))
         return output.cpu() if output is not None else None
 
-    # ---- π_old and the update in one call (train_unit: step, old_log_prob: snapshot) ----------------------------
-
+    # ---- one optimizer step per call: π_old and verl's update fused, the LR schedule stepped per round --------------
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
-    def update_actor_with_old_log_prob(self, data):  # verl TensorDict in/out
-        """verl's ``compute_log_prob`` then verl's ``update_actor`` on the same rows, in one call instead of two:
-        π_old under weights v (the live weights before the round's first optimizer step, the snapshot after it),
-        written into the batch as ``old_log_probs`` exactly as the driver would, then verl's update. Returns the
-        log-prob output (``log_probs``, no padding, as ``compute_log_prob``) with the update's metrics: the driver
-        keeps π_old for its metrics and the on-policy check without a second call."""
+    def update_actor_in_round(self, data):  # verl TensorDict in/out
+        """verl's ``update_actor`` for one of a round's optimizer steps (``train_unit: step``).
+
+        π_old comes from the batch's ``OLD_LOG_PROB_FROM`` meta key: ``live`` / ``snapshot`` -- computed here, in the
+        same call, under weights v (the live weights before the round's first optimizer step, the snapshot after it)
+        and written into the batch as ``old_log_probs`` exactly as the driver would; ``batch`` -- already in the rows
+        (``old_log_prob: rollout``, or a trainer with sequence parallelism that computed it in a call of its own).
+        The LR scheduler holds: verl steps it once per update call, which in verl's trainer is once per round, and a
+        round here has several calls; ``end_round`` takes the round's one scheduler step. Returns the log-prob output
+        (``log_probs``, no padding, as ``compute_log_prob``) carrying the update's metrics, or verl's update output
+        when π_old came with the batch."""
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import no_padding_2_padding
 
-        source = tu.pop(data, key=OLD_LOG_PROB_FROM, default="live")
-        infer = data.copy()  # the infer pass sets its own keys (micro-batch, compute_loss) on a shallow copy
-        tu.assign_non_tensor(infer, calculate_entropy=False, compute_loss=False)
-        logp = self._infer_snapshot(infer) if source == "snapshot" else self._infer(infer)
-        if logp is None:  # verl returns outputs only on a model-parallel group's source rank; every FSDP rank is one
-            raise RuntimeError("update_actor_with_old_log_prob needs every rank to see its log-probs (no sequence "
-                               "parallelism); the trainer uses two calls otherwise")
-        data["old_log_probs"] = no_padding_2_padding(tu.get(logp, "log_probs"), data).float()
+        source = tu.pop(data, key=OLD_LOG_PROB_FROM, default="batch")
+        logp = None
+        if source != "batch":
+            infer = data.copy()  # the infer pass sets its own keys (micro-batch, compute_loss) on a shallow copy
+            tu.assign_non_tensor(infer, calculate_entropy=False, compute_loss=False)
+            logp = self._infer_snapshot(infer) if source == "snapshot" else self._infer(infer)
+            if logp is None:  # verl returns outputs only on a model-parallel group's source rank: all FSDP ranks are
+                raise RuntimeError("update_actor_in_round: π_old in the update call needs every rank to see its "
+                                   "log-probs (no sequence parallelism); send it with the batch instead")
+            data["old_log_probs"] = no_padding_2_padding(tu.get(logp, "log_probs"), data).float()
         self._fit_micro_batches(data, self.actor.engine_config.micro_batch_size_per_gpu)
-        update = self.actor.train_mini_batch(data=data)
-        if update is None:
-            return None
+        with self._lr_schedule_held():
+            update = self.actor.train_mini_batch(data=data)
+        if update is None or logp is None:
+            return update
         tu.assign_non_tensor(logp, metrics=tu.get(update, "metrics"))
         return logp
+
+    @contextmanager
+    def _lr_schedule_held(self):
+        """verl's engine with ``lr_scheduler_step`` reporting the LR in use instead of stepping."""
+        eng = self.actor.engine
+        saved = eng.__dict__.get("lr_scheduler_step")
+        eng.lr_scheduler_step = lambda: eng.lr_scheduler.get_last_lr()[0] if eng.lr_scheduler is not None else None
+        try:
+            yield
+        finally:
+            eng.__dict__.pop("lr_scheduler_step", None)
+            if saved is not None:
+                eng.lr_scheduler_step = saved
 
     def _infer_snapshot(self, data):
         live = self._clone_params()
@@ -144,7 +164,8 @@ class StreamingActorMixin:
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def optimizer_step(self) -> dict[str, float]:
-        """Close the open step: gradients = token sum / the step's tokens (token-mean), then verl's clip + step."""
+        """Close the open step: gradients = token sum / the step's tokens (token-mean), then verl's clip + step. The
+        LR scheduler steps once per round, in ``end_round``, as in verl's trainer."""
         eng = self.actor.engine
         tokens = self._rp_step_tokens
         if tokens is None:
@@ -153,15 +174,19 @@ class StreamingActorMixin:
             if self._token_mean:
                 self._scale_grads(1.0 / tokens)
             grad_norm = eng.optimizer_step()
-            lr = eng.lr_scheduler_step()
+            lr = eng.lr_scheduler.get_last_lr()[0] if eng.lr_scheduler is not None else float("nan")
         self._rp_step_tokens = None
         return {"actor/grad_norm": float(grad_norm), "actor/lr": float(lr), "rolloutpipe/step_tokens": float(tokens)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def end_round(self) -> None:
+        """The round's one LR scheduler step (verl's trainer steps it once per round: its update call's last
+        mini-batch); the snapshot is dropped."""
         if getattr(self, "_rp_step_tokens", None) is not None:
             raise RuntimeError("end_round with gradients accumulated but no optimizer step taken")
         self._rp_snapshot = None
+        if self.actor.engine.lr_scheduler is not None:
+            self.actor.engine.lr_scheduler_step()
 
     @property
     def _token_mean(self) -> bool:

@@ -35,7 +35,6 @@ def test_default_config_is_valid():
     (["rolloutpipe.mode=async"], "rolloutpipe.mode='async'"),
     (["rolloutpipe.old_log_prob=recompute"], "rolloutpipe.old_log_prob='recompute'"),
     (["actor_rollout_ref.actor.ppo_epochs=2"], "ppo_epochs must be 1"),
-    (["actor_rollout_ref.actor.optim.lr_warmup_steps=5"], "constant learning rate"),
     (["algorithm.adv_estimator=gae"], "use grpo"),
     (["rolloutpipe.stall_timeout_s=0"], "rolloutpipe.stall_timeout_s=0"),
     (["rolloutpipe.max_buffered_groups=3"], "rolloutpipe.max_buffered_groups=3 is below what mode=cgp_fgd must hold"),

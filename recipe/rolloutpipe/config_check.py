@@ -106,11 +106,6 @@ def validate(cfg: DictConfig) -> PipeSettings:
     if cfg.algorithm.adv_estimator != "grpo":
         errors.append(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}: the RolloutPipe trainer computes "
                       "group-relative advantages per complete group; use grpo")
-    optim = actor.optim
-    if _get(optim, "lr_scheduler_type", "constant") != "constant" or (_get(optim, "lr_warmup_steps", -1) or -1) > 0 \
-            or (_get(optim, "lr_warmup_steps_ratio", 0.0) or 0.0) > 0:
-        errors.append("actor_rollout_ref.actor.optim: use a constant learning rate without warm-up (verl steps the "
-                      "scheduler once per update call; a streamed round makes R/U calls)")
     filt = _get(cfg, "algorithm.filter_groups", None)
     filter_metric, extra = None, 0
     if filt is not None and filt.get("enable", False):

@@ -464,21 +464,22 @@ class RolloutPipeTrainer(RayPPOTrainer):
         return rows
 
     def _train_step(self, rows: DataProto, step_index: int) -> DataProto:
-        """``train_unit: step``: the whole step (its U groups) in one worker call -- π_old and verl's update fused
-        (``update_actor_with_old_log_prob``) -- or, with π_old from the rollout, verl's update alone."""
-        if self.pipe.old_log_prob != "snapshot" or not self._fused_update:
-            return self._update_actor(self._with_old_log_probs(rows, step_index))
+        """``train_unit: step``: the whole step (its U groups) in one worker call, verl's update with π_old computed
+        in the same call (``update_actor_in_round``); with π_old from the rollout, or with sequence parallelism
+        (π_old then needs a call of its own), the rows bring it."""
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import no_padding_2_padding
 
         from rolloutpipe_workers.streaming_actor import OLD_LOG_PROB_FROM  # worker module: import where used
 
+        in_call = self.pipe.old_log_prob == "snapshot" and self._fused_update
+        rows = rows if in_call else self._with_old_log_probs(rows, step_index)
         rows.meta_info["global_token_num"] = rows.batch["attention_mask"].sum(dim=-1).tolist()
-        rows.meta_info[OLD_LOG_PROB_FROM] = "live" if step_index == 0 else "snapshot"
-        fused, sent = self.actor_rollout_wg.update_actor_with_old_log_prob, {}
+        rows.meta_info[OLD_LOG_PROB_FROM] = ("live" if step_index == 0 else "snapshot") if in_call else "batch"
+        update, sent = self.actor_rollout_wg.update_actor_in_round, {}
 
         def update_actor(batch_td):  # verl's _update_actor builds the call; keep what π_old needs back here
-            sent["td"], sent["out"] = batch_td, fused(batch_td)
+            sent["td"], sent["out"] = batch_td, update(batch_td)
             return sent["out"]
 
         try:
@@ -486,13 +487,13 @@ class RolloutPipeTrainer(RayPPOTrainer):
                 out = self._update_actor(rows)
         finally:
             rows.meta_info.pop(OLD_LOG_PROB_FROM)
-        # π_old back in the rows, padded as verl's _compute_old_log_prob returns it (metrics, on-policy check)
-        rows.batch["old_log_probs"] = no_padding_2_padding(tu.get(sent["out"], "log_probs"), sent["td"]).float()
+        if in_call:  # π_old back in the rows, padded as verl's _compute_old_log_prob returns it (metrics, checks)
+            rows.batch["old_log_probs"] = no_padding_2_padding(tu.get(sent["out"], "log_probs"), sent["td"]).float()
         return out
 
     @property
     def _fused_update(self) -> bool:
-        """Fused π_old + update needs every trainer rank to hold its own log-probs: no sequence parallelism."""
+        """π_old inside the update call needs every trainer rank to hold its own log-probs: no sequence parallelism."""
         return int(self.config.actor_rollout_ref.actor.get("ulysses_sequence_parallel_size", 1)) == 1
 
     def _train_groups(self, rows: DataProto | None, d) -> DataProto | None:  # a pipeline Dispatch

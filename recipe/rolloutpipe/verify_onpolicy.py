@@ -8,7 +8,8 @@ from the round's starting train state (weights, AdamW state, scheduler) and the 
 batch-wise from the responses (verl's ``NaiveRewardManager`` with the run's reward function) and GRPO advantages
 with verl's ``compute_advantage`` over the whole batch, then π_old for the whole round with the starting weights and
 one ``update_actor`` call over the round (R/U optimizer steps, the groups in the pipelined run's training order).
-Nothing of the pipelined run is reused but the order. Written:
+Nothing of the pipelined run is reused but the order. The LR schedule decays (cosine), so the LR of every step
+must match too. Written:
 
 - ``responses_differing``: rows whose response tokens differ between the two runs (0: same policy, same seeds);
   ``max_abs_sampling_logprob_diff``: vLLM's log-probs of the sampled tokens, on the rows with the same response;
@@ -340,7 +341,10 @@ def main(argv: list[str] | None = None) -> int:
         f"rolloutpipe.verify_out={args.json.resolve()}",
         "rolloutpipe.mode=cgp_fgd", "rolloutpipe.old_log_prob=snapshot", "rolloutpipe.sampling_seed=0",
         f"data.train_batch_size={R}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={U}", "data.shuffle=false", *args.overrides,
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={U}", "data.shuffle=false",
+        # a decaying LR: verl steps its scheduler once per round (its update call's last mini-batch); one stepped per
+        # optimizer-step call instead would give the round's later steps another LR and show in the weights
+        "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine", *args.overrides,
     ]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose(config_name="rolloutpipe", overrides=overrides)
