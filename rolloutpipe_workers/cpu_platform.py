@@ -18,6 +18,8 @@ import torch
 from verl.plugin.platform.platform_base import PlatformBase
 from verl.plugin.platform.platform_manager import PlatformRegistry
 
+from . import known_noise
+
 
 def _cpu_device_module() -> types.ModuleType:
     """``torch.cpu`` plus the ``torch.cuda``-style helpers verl calls on its device module."""
@@ -166,7 +168,9 @@ def on_cpu() -> bool:
     return get_platform().device_name == "cpu"
 
 
-# Loaded as verl's entry point: the platform above is registered by the decorator; the rest only on CPU hosts.
+# Loaded as verl's entry point, so in every verl process: filter the start-up warnings nobody here can act on.
+known_noise.install()
+# The platform above is registered by the decorator; the rest only on CPU hosts.
 if not torch.cuda.is_available():
     try:
         patch_process_group_backend()

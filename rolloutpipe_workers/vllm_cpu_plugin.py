@@ -28,6 +28,9 @@ def _keep_plain_linear(orig):  # mirrors vLLM's private signature
 
 
 def register() -> None:
+    from . import known_noise
+
+    known_noise.install()  # vLLM loads this plugin in each of its processes: filter the noise there, too
     global _PATCHED
     if _PATCHED or torch.cuda.is_available():
         return

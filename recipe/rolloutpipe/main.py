@@ -5,11 +5,12 @@ plus a ``rolloutpipe:`` block). With no overrides it runs the embedded default o
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from rolloutpipe_workers import known_noise
 
 from .logs import get_logger
 
@@ -17,13 +18,10 @@ logger = get_logger("recipe.rolloutpipe.main")  # named: this module runs as __m
 # inside the recipe, so it travels with recipe/rolloutpipe/ into another recipe tree (the repo's config/ links here)
 CONFIG_DIR = str(Path(__file__).resolve().parent / "config")
 
-# verl imports every training engine it knows and warns once per process for each one that is not installed: five
-# UserWarnings at every start (and in every Ray worker) that no user of this recipe can act on -- it trains with
-# FSDP2. Filtered here for the driver, and through PYTHONWARNINGS for the workers (prepare_runtime).
-_ABSENT_ENGINES = ("torchtitan", "veomni", "automodel", "mindspeed", "megatron")
-warnings.filterwarnings("ignore", message=f"({'|'.join(_ABSENT_ENGINES)}) engine is not available",
-                        category=UserWarning)
-QUIET_ENGINE_WARNINGS = ",".join(f"ignore:{e} engine is not available:UserWarning" for e in _ABSENT_ENGINES)
+# Start-up warnings nobody running this recipe can act on (engines that are not installed, CUDA kernels, settings
+# the recipe chose): filtered here for the driver, by the plugins in every verl/vLLM process, and through
+# PYTHONWARNINGS for what the workers raise at import (rolloutpipe_workers/known_noise.py lists each and why).
+known_noise.install()
 EMBEDDED = "embedded"
 
 
@@ -100,7 +98,7 @@ def prepare_runtime(config: DictConfig, worker_env: dict[str, str] | None = None
 
         runtime_env = get_ppo_ray_runtime_env(config)
         runtime_env.setdefault("env_vars", {}).update(worker_env or {})
-        runtime_env["env_vars"].setdefault("PYTHONWARNINGS", QUIET_ENGINE_WARNINGS)
+        runtime_env["env_vars"].setdefault("PYTHONWARNINGS", known_noise.python_warnings_env())
         kwargs = {"runtime_env": runtime_env}
         if os.environ.get("RAY_ADDRESS"):
             # a running cluster (`ray start` on every node; trainer.nnodes=N): the nodes declare their own resources
