@@ -60,6 +60,7 @@ LOG_LINES = (
     Noise("verl", "agent loop only support torch and npu profiler, got None", "no profiler is configured"),
     Noise("transformers", "requires torchvision (not installed)", "an image processor; the model is text-only"),
     Noise("torch", "is_fx_tracing will return true for both", "a torch deprecation inside transformers' code"),
+    Noise("torch", "Triton not available, find_triton_kernels", "CPU: custom ops registered at import look for it"),
 )
 
 
@@ -121,15 +122,21 @@ def vllm_logging_config(env: dict[str, str] | os._Environ = os.environ) -> dict:
     }
 
 
+_ROUTED = "rolloutpipe_vllm_logging_"
+
+
 def route_vllm_logging() -> None:
     """vLLM builds its log handler from ``VLLM_LOGGING_CONFIG_PATH`` at its first import and again at every engine
     start (a handler added afterwards is replaced, and the first warnings come before any plugin runs), so point it
     at ``vllm_logging_config()``, in this process and the ones it starts. A user's own config path, or
     ``VLLM_CONFIGURE_LOGGING=0``, wins."""
-    if os.environ.get("VLLM_LOGGING_CONFIG_PATH") or os.environ.get("VLLM_CONFIGURE_LOGGING", "1") == "0":
+    current = os.environ.get("VLLM_LOGGING_CONFIG_PATH")
+    if (current and not Path(current).name.startswith(_ROUTED)) or os.environ.get("VLLM_CONFIGURE_LOGGING") == "0":
         return
+    # ours, inherited from a parent (the driver, at vLLM's INFO default) is redone at this process's level (verl
+    # gives its workers VLLM_LOGGING_LEVEL=WARN)
     text = json.dumps(vllm_logging_config(), sort_keys=True)
-    path = Path(tempfile.gettempdir()) / f"rolloutpipe_vllm_logging_{hashlib.sha1(text.encode()).hexdigest()[:12]}.json"
+    path = Path(tempfile.gettempdir()) / f"{_ROUTED}{hashlib.sha1(text.encode()).hexdigest()[:12]}.json"
     if not path.exists():  # same content, same name: processes on one node share it; written atomically
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(text)

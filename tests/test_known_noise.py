@@ -60,3 +60,24 @@ def test_a_vllm_process_logs_through_the_filter(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "KV cache is full" in out.stdout and "Triton is not installed" not in out.stdout + out.stderr
+
+
+def test_routing_keeps_a_users_config_and_redoes_an_inherited_one(monkeypatch, tmp_path):
+    import json
+    import tempfile
+
+    from rolloutpipe_workers.known_noise import route_vllm_logging
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH", raising=False)
+    monkeypatch.delenv("VLLM_CONFIGURE_LOGGING", raising=False)
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    route_vllm_logging()  # the driver: vLLM's INFO default
+    driver = os.environ["VLLM_LOGGING_CONFIG_PATH"]
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "WARN")  # a Ray worker inheriting it, at verl's level
+    route_vllm_logging()
+    worker = os.environ["VLLM_LOGGING_CONFIG_PATH"]
+    assert worker != driver and json.loads(open(worker).read())["loggers"]["vllm"]["level"] == "WARN"
+    monkeypatch.setenv("VLLM_LOGGING_CONFIG_PATH", str(tmp_path / "mine.json"))  # a user's own: kept
+    route_vllm_logging()
+    assert os.environ["VLLM_LOGGING_CONFIG_PATH"] == str(tmp_path / "mine.json")
