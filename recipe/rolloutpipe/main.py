@@ -1,10 +1,12 @@
 """``python -m recipe.rolloutpipe.main key=value ...``: Hydra entry (config/rolloutpipe.yaml = verl's ppo_trainer
-plus a ``rolloutpipe:`` block). With no overrides it runs the embedded default on CPU.
+plus a ``rolloutpipe:`` block, then the platform overlay config/platform/<cpu|gpu>.yaml, picked from the machine
+unless ``platform=`` is given). With no overrides it runs the embedded default on CPU.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import hydra
@@ -13,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from rolloutpipe_workers import known_noise
 
 from .logs import get_logger
+from .resolve import apply_layout, dry_run_report, user_keys, verl_validate, with_platform
 
 logger = get_logger("recipe.rolloutpipe.main")  # named: this module runs as __main__
 # inside the recipe, so it travels with recipe/rolloutpipe/ into another recipe tree (the repo's config/ links here)
@@ -76,7 +79,7 @@ def prepare_runtime(config: DictConfig, worker_env: dict[str, str] | None = None
     Ray worker)."""
     from rolloutpipe_workers.check_env import check_or_exit
 
-    check_or_exit(need_vllm=True)
+    check_or_exit(need_vllm=True, platform=config.rolloutpipe.platform)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.rolloutpipe.vllm_cpu_kvcache_gib))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     resolve_embedded(config)
@@ -113,39 +116,11 @@ def prepare_runtime(config: DictConfig, worker_env: dict[str, str] | None = None
         ray.init(**kwargs)
 
 
-# What ``rolloutpipe.layout=disaggregated`` sets (verl keys): no hybrid engine, standalone vLLM replicas on their
-# own pool (``rolloutpipe.rollout_replicas`` of them, one "device" each), weights published through the Ray object
-# store (rolloutpipe_workers/cpu_checkpoint_engine.py).
-DISAGGREGATED = {
-    "actor_rollout_ref.hybrid_engine": False,
-    "actor_rollout_ref.rollout.nnodes": 1,
-    "actor_rollout_ref.rollout.n_gpus_per_node": 1,
-    "actor_rollout_ref.rollout.checkpoint_engine.backend": "rolloutpipe_ray",
-    "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module": "rolloutpipe_workers.cpu_checkpoint_engine",
-    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": 64,
-    # replicas start from random weights: the first publish makes them real (so a broken publish cannot hide)
-    "actor_rollout_ref.rollout.load_format": "dummy",
-}
-
-
-def apply_layout(config: DictConfig) -> None:
-    layout = config.rolloutpipe.layout
-    if layout not in ("hybrid", "disaggregated"):
-        raise SystemExit(f"rolloutpipe: rolloutpipe.layout={layout!r}: use hybrid or disaggregated")
-    if layout == "disaggregated":
-        with open_dict(config):
-            for key, value in DISAGGREGATED.items():
-                OmegaConf.update(config, key, value, merge=False)
-            replicas = config.rolloutpipe.get("rollout_replicas", 1)
-            if isinstance(replicas, int) and replicas > 1:  # validate() reports a bad value
-                OmegaConf.update(config, "actor_rollout_ref.rollout.n_gpus_per_node", replicas, merge=False)
-
-
-def run(config: DictConfig, task_runner_class: type | None = None) -> None:
+def run(config: DictConfig, task_runner_class: type | None = None, user: frozenset[str] = frozenset()) -> None:
     """Run the configured trainer; ``task_runner_class`` (a ``@ray.remote`` class with ``run(config)``) replaces the
-    recipe's task runner (``verify_onpolicy`` brings its own)."""
+    recipe's task runner (``verify_onpolicy`` brings its own); ``user``: the keys the user set (never overwritten)."""
     trainer = config.rolloutpipe.trainer
-    apply_layout(config)
+    apply_layout(config, user)
     if trainer not in ("rolloutpipe", "stock"):
         raise SystemExit(f"rolloutpipe: rolloutpipe.trainer={trainer!r}: use rolloutpipe or stock (verl's own)")
     if trainer == "rolloutpipe":
@@ -155,11 +130,21 @@ def run(config: DictConfig, task_runner_class: type | None = None) -> None:
             validate(config)  # before Ray or any worker starts
         except RolloutPipeConfigError as e:
             raise SystemExit(str(e)) from None
+    if config.rolloutpipe.get("dry_run", False):
+        try:
+            verl_validate(config)
+        except (AssertionError, ValueError) as e:
+            raise SystemExit(f"rolloutpipe: verl's validate_config rejects the config: {e}") from None
+        print(dry_run_report(config, user))
+        return
     prepare_runtime(config)
     from verl.trainer.main_ppo import run_ppo
 
-    if trainer == "stock":
-        from verl.trainer.main_ppo_v0 import TaskRunner
+    if trainer == "stock":  # verl's own trainer and workers on the same layout
+        if config.rolloutpipe.layout == "disaggregated":
+            from .runner import StockDisaggregatedTaskRunner as TaskRunner
+        else:
+            from verl.trainer.main_ppo_v0 import TaskRunner
 
         run_ppo(config, task_runner_class=TaskRunner)
         return
@@ -174,8 +159,11 @@ def run(config: DictConfig, task_runner_class: type | None = None) -> None:
 
 @hydra.main(config_path=CONFIG_DIR, config_name="rolloutpipe", version_base=None)
 def main(config: DictConfig) -> None:
-    run(config)
+    from hydra.core.hydra_config import HydraConfig
+
+    run(config, user=user_keys(HydraConfig.get().overrides.task))
 
 
 if __name__ == "__main__":
+    sys.argv = [sys.argv[0], *with_platform(sys.argv[1:])]
     main()

@@ -46,10 +46,31 @@ class RolloutPipeTaskRunner:
         run_task(config)
 
 
-def build_disaggregated_trainer(config, trainer_cls: type | None = None):
+@ray.remote
+class StockDisaggregatedTaskRunner:
+    """verl's own serial trainer (``SeparateRayPPOTrainer``: whole rollout, then train, then publish) with verl's own
+    workers on the disaggregated layout: the ``stock`` arm of an A/B against the recipe on the same pools."""
+
+    def run(self, config) -> None:
+        from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
+        from verl.experimental.separation.ray_trainer import SeparateRayPPOTrainer
+
+        class StockDisaggregatedTrainer(OneStepOffRayTrainer):
+            # verl builds the separated pools only in OneStepOffRayTrainer (SeparateRayPPOTrainer alone asserts a
+            # hybrid engine); its async fit would train one step off-policy, so the loop is SeparateRayPPOTrainer's
+            fit = SeparateRayPPOTrainer.fit
+            fit_step = SeparateRayPPOTrainer.fit_step
+            _fit_generate = SeparateRayPPOTrainer._fit_generate
+
+        trainer = build_disaggregated_trainer(config, StockDisaggregatedTrainer, streaming_actor=False)
+        trainer.init_workers()
+        trainer.fit()
+
+
+def build_disaggregated_trainer(config, trainer_cls: type | None = None, streaming_actor: bool = True):
     """verl's separation layout, as ``verl.experimental.one_step_off_policy.main_ppo`` builds it, with RolloutPipe's
-    trainer (``trainer_cls``, default ``DisaggregatedRolloutPipeTrainer``) and actor worker (workers not started
-    yet: call ``init_workers``)."""
+    trainer (``trainer_cls``, default ``DisaggregatedRolloutPipeTrainer``) and actor worker (``streaming_actor``;
+    else verl's own) -- workers not started yet: call ``init_workers``."""
     from omegaconf import OmegaConf
     from verl.experimental.separation.utils import create_resource_pool_manager, create_role_worker_mapping
     from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler, need_critic, need_reference_policy
@@ -65,7 +86,7 @@ def build_disaggregated_trainer(config, trainer_cls: type | None = None):
     trainer_cls = trainer_cls or DisaggregatedRolloutPipeTrainer
     OmegaConf.resolve(config)
     mapping, wg_cls = create_role_worker_mapping(config)
-    for role in list(mapping):
+    for role in list(mapping) if streaming_actor else ():
         if role.name == "Actor":
             mapping[role] = ray.remote(StreamingDetachActorWorker)
     # what verl's own task runner (one_step_off_policy.main_ppo) does before it builds a trainer

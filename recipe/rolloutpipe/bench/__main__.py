@@ -18,9 +18,10 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
-from ..main import CONFIG_DIR, apply_layout, prepare_runtime
+from ..main import CONFIG_DIR, prepare_runtime
 from ..pipeline.modes import STOCK, TRAINER_MODES, parse_mode_spec
 from ..provenance import git_commit, machine
+from ..resolve import apply_layout
 from .pinning import pool_env
 from .report import write_all
 

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf, open_dict
 def build_config(overrides: list[str]):
     import verl.experimental.fully_async_policy as fa
 
-    from ..main import apply_layout
+    from ..resolve import apply_layout
     from .__main__ import load_config
 
     cfg = load_config(quick=True, overrides=[])

@@ -1,0 +1,139 @@
+"""``rolloutpipe.dry_run=true`` resolves the whole config (platform overlay, layout, verl's and the recipe's checks)
+without starting Ray; the user's keys survive it; every run script in recipe/rolloutpipe/run/ passes it here, on a
+CPU-only machine, GPU scripts included."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from recipe.rolloutpipe.main import CONFIG_DIR, run
+from recipe.rolloutpipe.resolve import user_keys
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ROOT / "recipe" / "rolloutpipe" / "run"
+
+# verl's GRPO example (examples/grpo_trainer/run_qwen3-8b.sh) as a user brings it, on the disaggregated layout: the keys
+# the recipe used to overwrite (checkpoint engine, load_format, rollout pool, memory) are among them
+VERL_GRPO_EXAMPLE = {
+    "algorithm.adv_estimator": "grpo",
+    "data.train_batch_size": 64,
+    "data.max_prompt_length": 512,
+    "data.max_response_length": 1024,
+    "data.filter_overlong_prompts": True,
+    "actor_rollout_ref.model.path": "Qwen/Qwen3-8B",
+    "actor_rollout_ref.model.use_remove_padding": True,
+    "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+    "actor_rollout_ref.actor.optim.lr": 1e-6,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 16,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+    "actor_rollout_ref.actor.fsdp_config.param_offload": False,
+    "actor_rollout_ref.actor.fsdp_config.dtype": "bfloat16",
+    "actor_rollout_ref.rollout.name": "vllm",
+    "actor_rollout_ref.rollout.n": 5,
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
+    "actor_rollout_ref.rollout.gpu_memory_utilization": 0.6,
+    "actor_rollout_ref.rollout.dtype": "bfloat16",
+    "actor_rollout_ref.rollout.load_format": "safetensors",
+    "actor_rollout_ref.rollout.checkpoint_engine.backend": "nccl",
+    "actor_rollout_ref.rollout.nnodes": 1,
+    "actor_rollout_ref.rollout.n_gpus_per_node": 8,
+    "trainer.nnodes": 1,
+    "trainer.n_gpus_per_node": 8,
+    "trainer.save_freq": 20,
+    "trainer.test_freq": 5,
+}
+
+
+def _overrides(keys: dict) -> list[str]:
+    return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in keys.items()]
+
+
+def _dry_run(overrides: list[str], capsys) -> dict:
+    """What ``python -m recipe.rolloutpipe.main <overrides> rolloutpipe.dry_run=true`` does, in this process."""
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="rolloutpipe", overrides=[*overrides, "rolloutpipe.dry_run=true"])
+    capsys.readouterr()
+    run(cfg, user=user_keys(overrides))
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def test_verl_grpo_example_keys_survive_on_gpu(capsys):
+    overrides = ["platform=gpu", "rolloutpipe.layout=disaggregated", *_overrides(VERL_GRPO_EXAMPLE)]
+    resolved = OmegaConf.create(_dry_run(overrides, capsys))
+    kept = {k: OmegaConf.select(resolved, k) for k in VERL_GRPO_EXAMPLE}
+    assert kept == VERL_GRPO_EXAMPLE
+    # what the GPU overlay and the layout chose where the user said nothing: verl's GPU defaults, not CPU ones
+    assert resolved.trainer.device == "cuda" and resolved.actor_rollout_ref.rollout.enforce_eager is False
+    assert resolved.actor_rollout_ref.hybrid_engine is False and resolved.rolloutpipe.platform == "gpu"
+    assert resolved.actor_rollout_ref.model.override_config == {}  # verl's flash attention, not sdpa
+
+
+def test_layout_fills_only_what_the_user_left(capsys):
+    # CPU disaggregated: the recipe's publication engine and dummy start, except where the user chose
+    resolved = _dry_run(["rolloutpipe.layout=disaggregated", "actor_rollout_ref.rollout.load_format=auto"], capsys)
+    rollout = resolved["actor_rollout_ref"]["rollout"]
+    assert rollout["load_format"] == "auto"  # the user's, not the layout's dummy
+    assert rollout["checkpoint_engine"]["backend"] == "rolloutpipe_ray" and rollout["dtype"] == "float32"
+    resolved = _dry_run(["platform=gpu", "rolloutpipe.layout=disaggregated",
+                         "actor_rollout_ref.rollout.n_gpus_per_node=2"], capsys)
+    rollout = resolved["actor_rollout_ref"]["rollout"]
+    assert (rollout["checkpoint_engine"]["backend"], rollout["load_format"]) == ("nccl", "dummy")
+    assert rollout["gpu_memory_utilization"] == 0.85 and rollout["n_gpus_per_node"] == 2
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["rolloutpipe.layout=disaggregated", "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"],
+     "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl cannot publish weights"),
+    (["rolloutpipe.layout=disaggregated", "actor_rollout_ref.hybrid_engine=true"],
+     "actor_rollout_ref.hybrid_engine=true colocates vLLM"),
+    (["platform=gpu", "rolloutpipe.layout=disaggregated"], "set actor_rollout_ref.rollout.n_gpus_per_node"),
+])
+def test_a_user_choice_the_layout_cannot_honour_is_one_error(overrides, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        _dry_run(overrides, capsys)
+    assert message in str(e.value) and "Traceback" not in str(e.value)
+
+
+def _script(name: str) -> tuple[str, list[dict]]:
+    env = dict(os.environ, PYTHON=sys.executable, HOME="/nonexistent-home")
+    out = subprocess.run(["bash", str(RUN / name), "rolloutpipe.dry_run=true"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, (name, out.stderr[-3000:])
+    docs = [d for d in out.stdout.split("# rolloutpipe dry run:")[1:]]
+    return name, [yaml.safe_load("#" + d) for d in docs]
+
+
+def test_every_run_script_passes_dry_run():
+    scripts = sorted(p.name for p in RUN.glob("*.sh") if p.name not in ("common_qwen3_1.7b.sh",
+                                                                          "run_learning_curves_cpu.sh"))
+    with ThreadPoolExecutor(2) as pool:
+        resolved = dict(pool.map(_script, scripts))
+    assert {n: len(d) for n, d in resolved.items()} == {n: 2 if "_ab_" in n else 1 for n in scripts}
+    (embedded,) = resolved["run_embedded_cpu.sh"]
+    assert embedded["rolloutpipe"]["platform"] == "cpu" and embedded["trainer"]["device"] == "cpu"
+    (paper,) = resolved["run_qwen3_1.7b_paper.sh"]
+    assert paper["rolloutpipe"]["platform"] == "gpu" and paper["rolloutpipe"]["layout"] == "disaggregated"
+    arf = paper["actor_rollout_ref"]
+    # the paper's K=8, U=2, F_w=2, R=32; 4 + 4 GPUs on one node, vLLM TP 2
+    assert (arf["rollout"]["n"], arf["actor"]["ppo_mini_batch_size"], paper["rolloutpipe"]["frontier_width"],
+            paper["data"]["train_batch_size"]) == (8, 2, 2, 32)
+    assert (paper["trainer"]["n_gpus_per_node"], arf["rollout"]["n_gpus_per_node"],
+            arf["rollout"]["tensor_model_parallel_size"]) == (4, 4, 2)
+    assert arf["rollout"]["checkpoint_engine"]["backend"] == "nccl" and arf["model"]["path"] == "Qwen/Qwen3-1.7B"
+    (two,) = resolved["run_qwen3_1.7b_paper_2nodes.sh"]
+    assert (two["trainer"]["n_gpus_per_node"], two["actor_rollout_ref"]["rollout"]["n_gpus_per_node"]) == (8, 8)
+    stock, ours = resolved["run_ab_stock_vs_cgp_fgd.sh"]
+    assert (stock["rolloutpipe"]["trainer"], ours["rolloutpipe"]["trainer"]) == ("stock", "rolloutpipe")
+    assert stock["data"]["seed"] == ours["data"]["seed"] and stock["data"]["train_files"] == ours["data"]["train_files"]
+    (smoke,) = resolved["run_one_gpu_smoke.sh"]
+    assert smoke["rolloutpipe"]["platform"] == "gpu" and smoke["trainer"]["n_gpus_per_node"] == 1
+    assert smoke["rolloutpipe"]["layout"] == "hybrid"
