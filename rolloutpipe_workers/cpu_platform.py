@@ -162,6 +162,28 @@ def patch_process_group_backend() -> None:
             mod.initialize_global_process_group_ray = initialize_global_process_group_ray
 
 
+def patch_unpinned_cpu_offload() -> None:
+    """verl shards a forward-only model (the reference policy of a KL loss) with FSDP2's
+    ``CPUOffloadPolicy(pin_memory=True)``; pinning host memory needs an accelerator (``Cannot access accelerator
+    device when none is available``). On CPU the parameters are in host memory already: the same policy, unpinned."""
+    from dataclasses import dataclass
+
+    from verl.workers.engine.fsdp import transformer_impl as fsdp
+
+    policy = fsdp.CPUOffloadPolicy
+    if policy is None or getattr(policy, "_rolloutpipe_cpu", False):
+        return
+
+    @dataclass
+    class UnpinnedCPUOffloadPolicy(policy):  # still a CPUOffloadPolicy for torch's isinstance checks
+        _rolloutpipe_cpu = True
+
+        def __post_init__(self) -> None:
+            self.pin_memory = False
+
+    fsdp.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
+
+
 def on_cpu() -> bool:
     from verl.plugin.platform import get_platform
 
@@ -176,5 +198,6 @@ if not torch.cuda.is_available():
         patch_process_group_backend()
         register_cpu_engines()
         patch_process_group_backend()  # engine imports above may have bound the original name
+        patch_unpinned_cpu_offload()
     except ImportError as e:  # pragma: no cover - surfaced by tests/test_cpu_stack.py
         print(f"rolloutpipe: could not register verl's FSDP engines for CPU: {e}", file=sys.stderr)

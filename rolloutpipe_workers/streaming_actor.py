@@ -2,8 +2,10 @@
 
 Two ways to train a round's optimizer steps:
 
-- ``train_unit: step`` -- one verl ``update_actor`` call per optimizer step (U complete groups, all present): verl's
-  own loss normalisation per mini-batch is already the serial run's.
+- ``train_unit: step`` -- one worker call per optimizer step (U complete groups, all present):
+  ``update_actor_in_round`` computes π_old in the same call (live weights on the round's first step, the round-start
+  snapshot after) and then runs verl's own update; verl's loss normalisation per mini-batch is already the serial
+  run's, and the LR scheduler is held until ``end_round`` (verl steps it once per round).
 - ``train_unit: groups`` -- the streaming API below: ``begin_round`` / ``accumulate(groups)`` (forward + backward on
   whatever complete groups are there, no optimizer step) / ``optimizer_step`` / ``end_round``. verl normalises a
   ``token-mean`` loss by the tokens *of each call*; the serial step divides by the tokens of the whole step, which are

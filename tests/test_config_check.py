@@ -41,11 +41,18 @@ def test_default_config_is_valid():
     (["rolloutpipe.mode=sync", "rolloutpipe.max_buffered_groups=8"], "set it >= 16"),
     (["rolloutpipe.rollout_replicas=0", "rolloutpipe.layout=disaggregated"], "rolloutpipe.rollout_replicas=0: use"),
     (["rolloutpipe.rollout_replicas=2"], "needs rolloutpipe.layout=disaggregated"),
+    (["algorithm.use_kl_in_reward=true"], "use_kl_in_reward=true is not supported"),
 ])
 def test_bad_config_names_key_and_fix(overrides, needle):
     with pytest.raises(RolloutPipeConfigError) as e:
         validate(cfg(*overrides))
     assert needle in str(e.value)
+
+
+def test_kl_loss_to_a_reference_policy_is_accepted():
+    # verl's GRPO examples train with a KL loss (every kl_loss_type verl offers): streamed per step (trainer.py)
+    for kind in ("kl", "abs", "mse", "low_var_kl", "full"):
+        validate(cfg("actor_rollout_ref.actor.use_kl_loss=true", f"actor_rollout_ref.actor.kl_loss_type={kind}"))
 
 
 def test_filter_groups_follows_verl_keys():

@@ -134,3 +134,15 @@ def test_stock_verl_grpo_two_steps(embedded, tmp_path):
     corr = [float(x) for x in re.findall(r"training/rollout_actor_probs_pearson_corr:([0-9.]+)", log)]
     assert corr and min(corr) > 0.99, corr  # vLLM serves the trainer's weights
     print(f"stock verl GRPO mean reward per step: {rewards}")
+
+
+def test_forward_only_fsdp_offload_is_unpinned_on_cpu():
+    # verl shards the reference policy (KL loss) with CPUOffloadPolicy(pin_memory=True); pinning needs an accelerator
+    import torch
+    from torch.distributed.fsdp import CPUOffloadPolicy
+    from verl.workers.engine.fsdp import transformer_impl
+
+    with pytest.raises(RuntimeError, match="accelerator"):
+        torch.empty(4).pin_memory()  # why the patch exists (fails if torch ever pins without one)
+    policy = transformer_impl.CPUOffloadPolicy(pin_memory=True)  # what verl builds for a forward-only model
+    assert isinstance(policy, CPUOffloadPolicy) and policy.pin_memory is False

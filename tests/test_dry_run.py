@@ -21,7 +21,8 @@ from recipe.rolloutpipe.resolve import user_keys
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "recipe" / "rolloutpipe" / "run"
 
-# verl's GRPO example (examples/grpo_trainer/run_qwen3-8b.sh) as a user brings it, on the disaggregated layout: the keys
+# verl's GRPO example (examples/grpo_trainer/run_qwen3-8b.sh, KL loss included) as a user brings it, on the
+# disaggregated layout: the keys
 # the recipe used to overwrite (checkpoint engine, load_format, rollout pool, memory) are among them
 VERL_GRPO_EXAMPLE = {
     "algorithm.adv_estimator": "grpo",
@@ -37,6 +38,12 @@ VERL_GRPO_EXAMPLE = {
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
     "actor_rollout_ref.actor.fsdp_config.param_offload": False,
     "actor_rollout_ref.actor.fsdp_config.dtype": "bfloat16",
+    "actor_rollout_ref.actor.use_kl_loss": True,
+    "actor_rollout_ref.actor.kl_loss_coef": 0.001,
+    "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+    "actor_rollout_ref.actor.entropy_coeff": 0,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
+    "actor_rollout_ref.ref.fsdp_config.param_offload": True,
     "actor_rollout_ref.rollout.name": "vllm",
     "actor_rollout_ref.rollout.n": 5,
     "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
@@ -96,6 +103,7 @@ def test_layout_fills_only_what_the_user_left(capsys):
     (["rolloutpipe.layout=disaggregated", "actor_rollout_ref.hybrid_engine=true"],
      "actor_rollout_ref.hybrid_engine=true colocates vLLM"),
     (["platform=gpu", "rolloutpipe.layout=disaggregated"], "set actor_rollout_ref.rollout.n_gpus_per_node"),
+    (["actor_rollout_ref.ref.fsdp_config.param_offload=true"], "param_offload=true offloads to pinned host memory"),
 ])
 def test_a_user_choice_the_layout_cannot_honour_is_one_error(overrides, message, capsys):
     with pytest.raises(SystemExit) as e:

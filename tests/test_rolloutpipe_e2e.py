@@ -68,9 +68,17 @@ def test_streaming_rounds(tmp_path, mode, extra):
         assert (tmp_path / "tl" / f"round{i:04d}_{mode}.trace.json").stat().st_size > 0
 
 
-@pytest.mark.parametrize("train_unit", ["step", "groups"])
-def test_verify_onpolicy_is_exact(tmp_path, train_unit, verify_onpolicy):
-    _, log = verify_onpolicy(tmp_path, train_unit)
+# with verl's KL loss to a reference policy (its GRPO examples' setting; a large coefficient, so the term counts)
+KL = ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.5"]
+
+
+@pytest.mark.parametrize(("train_unit", "extra"), [
+    ("step", [*KL, "actor_rollout_ref.actor.kl_loss_type=low_var_kl"]),
+    ("groups", [*KL, "actor_rollout_ref.actor.kl_loss_type=kl"]),
+])
+def test_verify_onpolicy_is_exact(tmp_path, train_unit, extra, verify_onpolicy):
+    v, log = verify_onpolicy(tmp_path, train_unit, *extra)
+    assert v["kl_loss"]
     # a whole run's console (driver, verl workers, vLLM server and engine): none of the known start-up noise
     # (rolloutpipe_workers/known_noise.py) reaches it, while the recipe's own lines still do
     assert not [n.text for n in (*LOG_LINES, *WARNINGS) if n.text in log]

@@ -14,6 +14,7 @@ runs in the calling thread. They share the ledger and the FIFO under one lock.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import uuid
@@ -463,6 +464,26 @@ class RolloutPipeTrainer(RayPPOTrainer):
                 rows = rows.union(self._old_log_probs(rows, step_index))
         return rows
 
+    def _with_ref_log_probs(self, rows: DataProto) -> DataProto:
+        """KL to the reference policy (``actor.use_kl_loss``): the rows' reference log-probs from verl's own ref call
+        (the ref worker, or the actor without its LoRA adapter), on the trainer pool, per dispatched step or group --
+        the same numbers the serial run computes for the whole batch (the reference never changes)."""
+        if not self.use_reference_policy:
+            return rows
+        # a streamed call can hold fewer rows per rank than verl's micro-batch (one group of K), which verl rejects
+        # without dynamic batch sizes: the largest micro-batch that divides the call, passed as verl's own
+        # per-call key (the streaming actor does the same for π_old)
+        cfg = self.config.actor_rollout_ref.rollout if self.ref_in_actor else self.config.actor_rollout_ref.ref
+        configured = cfg.get("log_prob_micro_batch_size_per_gpu")
+        per_rank = len(rows) // (self.actor_rollout_wg if self.ref_in_actor else self.ref_policy_wg).world_size
+        if configured and not cfg.get("log_prob_use_dynamic_bsz", False) and per_rank % configured:
+            rows.meta_info["micro_batch_size_per_gpu"] = math.gcd(per_rank, configured)
+        try:
+            with marked_timer("rolloutpipe/ref_log_prob", self._phase_timing):
+                return rows.union(self._compute_ref_log_prob(rows))
+        finally:
+            rows.meta_info.pop("micro_batch_size_per_gpu", None)
+
     def _train_step(self, rows: DataProto, step_index: int) -> DataProto:
         """``train_unit: step``: the whole step (its U groups) in one worker call, verl's update with π_old computed
         in the same call (``update_actor_in_round``); with π_old from the rollout, or with sequence parallelism
@@ -473,7 +494,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         from rolloutpipe_workers.streaming_actor import OLD_LOG_PROB_FROM  # worker module: import where used
 
         in_call = self.pipe.old_log_prob == "snapshot" and self._fused_update
-        rows = rows if in_call else self._with_old_log_probs(rows, step_index)
+        rows = self._with_ref_log_probs(rows if in_call else self._with_old_log_probs(rows, step_index))
         rows.meta_info["global_token_num"] = rows.batch["attention_mask"].sum(dim=-1).tolist()
         rows.meta_info[OLD_LOG_PROB_FROM] = ("live" if step_index == 0 else "snapshot") if in_call else "batch"
         update, sent = self.actor_rollout_wg.update_actor_in_round, {}
@@ -501,7 +522,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         worker's ``accumulate``); the optimizer steps when the dispatch closes the step. Returns the step's metrics
         then, else None."""
         if rows is not None:
-            rows = self._with_old_log_probs(rows, d.step_index)
+            rows = self._with_ref_log_probs(self._with_old_log_probs(rows, d.step_index))
             with self._routed("update_actor", "accumulate"):
                 self._step_metrics.append(self._update_actor(rows))
         if not d.ends_step:

@@ -244,13 +244,17 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
     sampled_lp_diff = _max_abs_rows(serial.batch["rollout_log_probs"] * serial.batch["response_mask"],
                                     rows.batch["rollout_log_probs"] * rows.batch["response_mask"], same)
     rows_per_step = U * k
-    pipe_old = serial_order_for_dp(rows, rows_per_step, wg.world_size).batch["old_log_probs"]
+    pipe_ordered = serial_order_for_dp(rows, rows_per_step, wg.world_size)
+    pipe_old = pipe_ordered.batch["old_log_probs"]
     serial = serial_order_for_dp(serial, rows_per_step, wg.world_size)
     mask = serial.batch["response_mask"].float()
     serial.meta_info["global_token_num"] = serial.batch["attention_mask"].sum(dim=-1).tolist()
     old, _ = trainer._compute_old_log_prob(serial)
     old.batch.pop("entropys")
     serial = serial.union(old)
+    use_ref = trainer.use_reference_policy  # actor.use_kl_loss: the serial run's reference log-probs, whole batch
+    if use_ref:
+        serial = serial.union(trainer._compute_ref_log_prob(serial))
     trainer._update_actor(serial)
     serial_grads = wg.pop_step_grads()[0]
     serial_weights = wg.get_weights()[0]
@@ -277,6 +281,15 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
         "rollout_vs_snapshot_logprob_mean_gap": float(((pipe_rollout_lp - rows.batch["old_log_probs"]).abs()
                                                        * pipe_mask).sum() / pipe_mask.sum()),
         "weights_moved": _max_abs_diff(pipe_weights, start_weights),
+        # KL to the reference policy: per-step reference log-probs (pipelined) vs the serial batch's, and how far
+        # the reference is from π_old (> 0: the KL term is not trivially zero), verl's kl_loss per step
+        "kl_loss": use_ref,
+        "max_abs_ref_logprob_diff": _masked_max_abs(pipe_ordered.batch["ref_log_prob"], serial.batch["ref_log_prob"],
+                                                    mask) if use_ref and differing == 0 else None,
+        "ref_vs_old_logprob_gap": _masked_max_abs(rows.batch["ref_log_prob"], rows.batch["old_log_probs"], pipe_mask)
+        if use_ref else None,
+        "kl_loss_per_step": [next((_scalar(v) for key, v in o.meta_info["metrics"].items()
+                                   if key.endswith("kl_loss")), None) for o in step_outputs],
         "verl_grad_norm_per_step": [_scalar(o.meta_info["metrics"].get("actor/grad_norm")) for o in step_outputs],
         "groups_with_reward_variance_per_step": [
             sum(bool(g.abs().sum() > 0) for g in step.split(k))
