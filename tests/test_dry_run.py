@@ -103,7 +103,6 @@ def test_layout_fills_only_what_the_user_left(capsys):
     (["rolloutpipe.layout=disaggregated", "actor_rollout_ref.hybrid_engine=true"],
      "actor_rollout_ref.hybrid_engine=true colocates vLLM"),
     (["platform=gpu", "rolloutpipe.layout=disaggregated"], "set actor_rollout_ref.rollout.n_gpus_per_node"),
-    (["actor_rollout_ref.ref.fsdp_config.param_offload=true"], "param_offload=true offloads to pinned host memory"),
 ])
 def test_a_user_choice_the_layout_cannot_honour_is_one_error(overrides, message, capsys):
     with pytest.raises(SystemExit) as e:

@@ -36,13 +36,30 @@ def admitted_beyond_frontier(groups: list[dict], width: int) -> list[int]:
                    for h in groups) >= width]
 
 
+# what verl's GRPO example scripts set (examples/grpo_trainer): KL loss to a reference policy, dynamic batch sizes,
+# gradient checkpointing, K=5, overlong-prompt filtering, parameter/optimizer offload
+VERL_GRPO_KEYS = [
+    "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.001",
+    "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.actor.entropy_coeff=0",
+    "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1024",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=true", "actor_rollout_ref.rollout.n=5",
+    "data.filter_overlong_prompts=true", "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+    "actor_rollout_ref.ref.fsdp_config.param_offload=true", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+]
+
+
 @pytest.mark.parametrize("mode,extra", [
     ("cgp_fgd", ["rolloutpipe.fgd_strength=hold"]),
-    ("cgp_fgd", ["rolloutpipe.fgd_strength=priority", "actor_rollout_ref.rollout.scheduling_policy=priority"]),
+    ("cgp_fgd", ["rolloutpipe.fgd_strength=priority", "actor_rollout_ref.rollout.scheduling_policy=priority",
+                 *VERL_GRPO_KEYS]),
     ("sync", []),
 ])
 def test_streaming_rounds(tmp_path, mode, extra):
     log = run_main(tmp_path, f"rolloutpipe.mode={mode}", "trainer.total_training_steps=2", *extra)
+    if VERL_GRPO_KEYS[0] in extra:  # the KL term is in verl's update metrics, once per round
+        assert len(re.findall(r"kl_loss:np.float64\((0\.\d*[1-9]\d*)", log)) == 2, log[-3000:]
     rounds = ROUND.findall(log)
     assert [(r[0], r[1]) for r in rounds] == [("1", mode), ("2", mode)], log[-3000:]
     for i in (1, 2):

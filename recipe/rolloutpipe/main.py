@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from rolloutpipe_workers import known_noise
 
 from .logs import get_logger
-from .resolve import apply_layout, check_platform, dry_run_report, user_keys, verl_validate, with_platform
+from .resolve import apply_layout, dry_run_report, user_keys, verl_validate, with_platform
 
 logger = get_logger("recipe.rolloutpipe.main")  # named: this module runs as __main__
 # inside the recipe, so it travels with recipe/rolloutpipe/ into another recipe tree (the repo's config/ links here)
@@ -120,7 +120,6 @@ def run(config: DictConfig, task_runner_class: type | None = None, user: frozens
     """Run the configured trainer; ``task_runner_class`` (a ``@ray.remote`` class with ``run(config)``) replaces the
     recipe's task runner (``verify_onpolicy`` brings its own); ``user``: the keys the user set (never overwritten)."""
     trainer = config.rolloutpipe.trainer
-    check_platform(config, user)
     apply_layout(config, user)
     if trainer not in ("rolloutpipe", "stock"):
         raise SystemExit(f"rolloutpipe: rolloutpipe.trainer={trainer!r}: use rolloutpipe or stock (verl's own)")

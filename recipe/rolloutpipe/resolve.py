@@ -126,22 +126,6 @@ def apply_layout(config: DictConfig, user: frozenset[str] = frozenset()) -> None
                 OmegaConf.update(config, key, value, merge=False)
 
 
-# FSDP offload to pinned host memory (verl's *.fsdp_config.param_offload / optimizer_offload) needs an accelerator
-CPU_OFFLOAD_KEYS = tuple(f"actor_rollout_ref.{role}.fsdp_config.{what}" for role in ("actor", "ref")
-                         for what in ("param_offload", "optimizer_offload"))
-
-
-def check_platform(config: DictConfig, user: frozenset[str] = frozenset()) -> None:
-    """A user choice the platform cannot run stops here, naming the key (SystemExit)."""
-    if config.rolloutpipe.get("platform", "cpu") != "cpu":
-        return
-    bad = [k for k in CPU_OFFLOAD_KEYS if _user_set(k, user) and OmegaConf.select(config, k, default=False)]
-    if bad:
-        raise SystemExit("rolloutpipe: invalid config:\n  - " + "\n  - ".join(
-            f"{k}=true offloads to pinned host memory, which needs an accelerator: on platform=cpu the weights are "
-            "in host memory already, drop the key" for k in bad))
-
-
 def resource_pools(config: DictConfig) -> dict[str, list[int]]:
     """The Ray resource pools verl will ask for (devices per node, one entry per node), as its task runners build
     them: the hybrid layout's one global pool, or the disaggregated trainer pool beside the rollout replicas' pool."""
