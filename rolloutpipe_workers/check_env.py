@@ -34,7 +34,10 @@ def _available_gib() -> float:
     return psutil.virtual_memory().available / 2**30
 
 
-def _gpu_visible(torch) -> bool:  # a seam for tests
+def cuda_gpu_visible() -> bool:
+    """torch sees a CUDA GPU (the entry point picks platform=gpu then; a seam for tests)."""
+    import torch
+
     return torch.cuda.is_available()
 
 
@@ -94,7 +97,7 @@ def _gpu_problems(torch_v: str | None, need_vllm: bool) -> list[str]:
     if not _cuda_build(torch):
         out.append(f"torch {torch_v} is a CPU build but platform=gpu -> {GPU_INSTALL} in a fresh venv, or run "
                    "with platform=cpu")
-    elif not _gpu_visible(torch):
+    elif not cuda_gpu_visible():
         out.append(f"torch {torch_v} sees no CUDA GPU (CUDA_VISIBLE_DEVICES, driver) -> fix the driver/visibility "
                    "or run with platform=cpu")
     if need_vllm:

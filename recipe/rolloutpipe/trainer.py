@@ -14,7 +14,6 @@ runs in the calling thread. They share the ledger and the FIFO under one lock.
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 import uuid
@@ -31,6 +30,8 @@ from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_advantage, compu
 from verl.trainer.ppo.reward import extract_reward
 from verl.utils.metric import reduce_metrics
 from verl.utils.profiler import marked_timer
+
+from rolloutpipe_workers.actor_parts import fitting_micro_batch
 
 from .config_check import PipeSettings, validate
 from .failover import NoRolloutReplicaLeftError, ReplicaFailover, dead_actor_error
@@ -136,6 +137,7 @@ class _RoundRun:
     trained: list[DataProto] = field(default_factory=list)
     step_outputs: list[DataProto] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=dict)  # verl's marked_timer: seconds per phase
+    snapshot: dict[str, float | str] | None = None  # π_old snapshot of rank 0: bytes, seconds, placement
 
 
 class RolloutPipeTrainer(RayPPOTrainer):
@@ -304,9 +306,10 @@ class RolloutPipeTrainer(RayPPOTrainer):
         rnd = Round(self.weights_version, shape, self.clock)
         rnd.timeline.settings["train_unit"] = pipe.train_unit
         later_steps = pipe.step_groups < pipe.num_groups
-        self.actor_rollout_wg.begin_round(snapshot=pipe.old_log_prob == "snapshot" and later_steps)
+        snapshot = self.actor_rollout_wg.begin_round(snapshot=pipe.old_log_prob == "snapshot" and later_steps,
+                                                     placement=self.config.rolloutpipe.snapshot_placement)[0]
         stream = GroupRolloutStream(self.async_rollout_manager.agent_loop_workers, pipe.group_size)
-        run = _RoundRun(rnd, pipe, _RoundPrompts(self, batch, more_prompts), stream)
+        run = _RoundRun(rnd, pipe, _RoundPrompts(self, batch, more_prompts), stream, snapshot=snapshot)
         self._phase_timing = run.timing  # the phases timed inside a train call (old log-probs) add up there
         return run
 
@@ -458,7 +461,6 @@ class RolloutPipeTrainer(RayPPOTrainer):
         return old
 
     def _with_old_log_probs(self, rows: DataProto, step_index: int) -> DataProto:
-        rows.meta_info["global_token_num"] = rows.batch["attention_mask"].sum(dim=-1).tolist()
         if self.pipe.old_log_prob == "snapshot":
             with marked_timer("rolloutpipe/old_log_prob", self._phase_timing):  # the rest of a train call: update
                 rows = rows.union(self._old_log_probs(rows, step_index))
@@ -470,14 +472,13 @@ class RolloutPipeTrainer(RayPPOTrainer):
         the same numbers the serial run computes for the whole batch (the reference never changes)."""
         if not self.use_reference_policy:
             return rows
-        # a streamed call can hold fewer rows per rank than verl's micro-batch (one group of K), which verl rejects
-        # without dynamic batch sizes: the largest micro-batch that divides the call, passed as verl's own
-        # per-call key (the streaming actor does the same for π_old)
+        # a call of one group can be smaller than verl's micro-batch: the one that fits, as verl's per-call key
         cfg = self.config.actor_rollout_ref.rollout if self.ref_in_actor else self.config.actor_rollout_ref.ref
-        configured = cfg.get("log_prob_micro_batch_size_per_gpu")
         per_rank = len(rows) // (self.actor_rollout_wg if self.ref_in_actor else self.ref_policy_wg).world_size
-        if configured and not cfg.get("log_prob_use_dynamic_bsz", False) and per_rank % configured:
-            rows.meta_info["micro_batch_size_per_gpu"] = math.gcd(per_rank, configured)
+        fit = fitting_micro_batch(per_rank, cfg.get("log_prob_micro_batch_size_per_gpu"),
+                                  cfg.get("log_prob_use_dynamic_bsz", False))
+        if fit is not None:
+            rows.meta_info["micro_batch_size_per_gpu"] = fit
         try:
             with marked_timer("rolloutpipe/ref_log_prob", self._phase_timing):
                 return rows.union(self._compute_ref_log_prob(rows))
@@ -494,8 +495,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
         from rolloutpipe_workers.streaming_actor import OLD_LOG_PROB_FROM  # worker module: import where used
 
         in_call = self.pipe.old_log_prob == "snapshot" and self._fused_update
+        _count_tokens(rows)
         rows = self._with_ref_log_probs(rows if in_call else self._with_old_log_probs(rows, step_index))
-        rows.meta_info["global_token_num"] = rows.batch["attention_mask"].sum(dim=-1).tolist()
         rows.meta_info[OLD_LOG_PROB_FROM] = ("live" if step_index == 0 else "snapshot") if in_call else "batch"
         update, sent = self.actor_rollout_wg.update_actor_in_round, {}
 
@@ -522,6 +523,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         worker's ``accumulate``); the optimizer steps when the dispatch closes the step. Returns the step's metrics
         then, else None."""
         if rows is not None:
+            _count_tokens(rows)
             rows = self._with_ref_log_probs(self._with_old_log_probs(rows, d.step_index))
             with self._routed("update_actor", "accumulate"):
                 self._step_metrics.append(self._update_actor(rows))
@@ -544,6 +546,9 @@ class RolloutPipeTrainer(RayPPOTrainer):
         metrics = round_metrics(timeline, run.trained, run.step_outputs, p.group_size, p.step_groups,
                                 snapshot=p.old_log_prob == "snapshot")
         metrics.update({f"timing_s/{k}": v for k, v in run.timing.items()})
+        if run.snapshot is not None:  # π_old snapshot of weights v (trainer rank 0's shard)
+            metrics[PREFIX + "snapshot_bytes"] = run.snapshot["bytes"]
+            metrics[PREFIX + "snapshot_take_s"] = run.snapshot["seconds"]
         if self.failover is not None:
             metrics[PREFIX + "rollout_replicas_alive"] = float(self.failover.alive)
         metrics["training/global_step"] = self.global_steps
@@ -559,6 +564,11 @@ class DisaggregatedRolloutPipeTrainer(RolloutPipeTrainer, OneStepOffRayTrainer):
     standalone vLLM replicas with their own pool, weights published through verl's ``CheckpointEngineManager``.
     Worker layout and start-up come from verl's ``OneStepOffRayTrainer`` (via ``SeparateRayPPOTrainer``); the
     training loop is RolloutPipe's (its synchronous ``fit`` replaces one-step-off's asynchronous one)."""
+
+
+def _count_tokens(rows: DataProto) -> None:
+    """verl's per-sequence token counts for its throughput metrics (its trainer sets them before the update)."""
+    rows.meta_info["global_token_num"] = rows.batch["attention_mask"].sum(dim=-1).tolist()
 
 
 def request_seed(base: int, round_index: int, group_id: int, group_size: int) -> int:
