@@ -69,6 +69,11 @@ class ParamSnapshot:
             torch.cuda.synchronize(device)
         self.take_s = time.perf_counter() - t0
 
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The kept weights (outside ``swapped_in``), by parameter name."""
+        return self._store
+
     def _resolve(self, placement: str, device: torch.device, headroom: float) -> str:
         if placement != "auto":
             return placement

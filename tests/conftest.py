@@ -42,10 +42,14 @@ def _run_and_check(tmp_path: Path, train_unit: str, *overrides: str,
     nc = v["negative_control"]
     assert nc["detected"] and nc["max_abs_sampling_logprob_diff"] > 1e-3, nc  # measured 5.7e-2
     assert nc["max_abs_weight_diff"] > 10 * max(v["max_abs_weight_diff"], 1e-6), nc
-    if v["kl_loss"]:  # KL to the reference policy: the same reference log-probs as the serial batch's; the reference
-        # is the model's starting weights, which this round starts from, so it computes π_old's numbers (a reference
-        # in another precision or model would not: bf16 was off by 0.45); verl's KL term is ~0 on the first step and
-        # grows once the policy has moved
+    if v["kl_in_reward"]:  # PPO's KL penalty in the reward: the checked round starts one round away from the
+        # reference, the penalty moved the rewards, and the advantages above (0.0) are the penalised ones
+        assert v["reward_kl_penalty"] > 0 and v["max_abs_reward_kl_shift"] > 0, v
+        assert v["max_abs_ref_logprob_diff"] == 0.0 and v["ref_vs_old_logprob_gap"] > 1e-4
+    elif v["kl_loss"]:  # KL to the reference policy: the same reference log-probs as the serial batch's; the
+        # reference is the model's starting weights, which this round starts from, so it computes π_old's numbers (a
+        # reference in another precision or model would not: bf16 was off by 0.45); verl's KL term is ~0 on the
+        # first step and grows once the policy has moved
         assert v["max_abs_ref_logprob_diff"] == 0.0 and v["ref_vs_old_logprob_gap"] <= 1e-4
         kl = v["kl_loss_per_step"]
         assert None not in kl and max(abs(x) for x in kl[1:]) > 10 * abs(kl[0]), kl

@@ -42,7 +42,6 @@ def test_default_config_is_valid():
     (["rolloutpipe.mode=sync", "rolloutpipe.max_buffered_groups=8"], "set it >= 16"),
     (["rolloutpipe.rollout_replicas=0", "rolloutpipe.layout=disaggregated"], "rolloutpipe.rollout_replicas=0: use"),
     (["rolloutpipe.rollout_replicas=2"], "needs rolloutpipe.layout=disaggregated"),
-    (["algorithm.use_kl_in_reward=true"], "use_kl_in_reward=true is not supported"),
 ])
 def test_bad_config_names_key_and_fix(overrides, needle):
     with pytest.raises(RolloutPipeConfigError) as e:
@@ -50,10 +49,13 @@ def test_bad_config_names_key_and_fix(overrides, needle):
     assert needle in str(e.value)
 
 
-def test_kl_loss_to_a_reference_policy_is_accepted():
+def test_kl_to_a_reference_policy_is_accepted():
     # verl's GRPO examples train with a KL loss (every kl_loss_type verl offers): streamed per step (trainer.py)
     for kind in ("kl", "abs", "mse", "low_var_kl", "full"):
         validate(cfg("actor_rollout_ref.actor.use_kl_loss=true", f"actor_rollout_ref.actor.kl_loss_type={kind}"))
+    # and PPO's KL penalty in the reward, fixed or adaptive (applied per dispatched step, trainer.RoundRewardKL)
+    for ctrl in ("fixed", "adaptive"):
+        validate(cfg("algorithm.use_kl_in_reward=true", f"algorithm.kl_ctrl.type={ctrl}"))
 
 
 def test_filter_groups_follows_verl_keys():

@@ -92,7 +92,9 @@ KL = ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_lo
 
 @pytest.mark.parametrize(("train_unit", "extra"), [
     ("step", [*KL, "actor_rollout_ref.actor.kl_loss_type=low_var_kl"]),
-    ("groups", [*KL, "actor_rollout_ref.actor.kl_loss_type=kl"]),
+    # and PPO's KL penalty in the reward, adaptive coefficient (applied per dispatched call, advantages after it)
+    ("groups", [*KL, "actor_rollout_ref.actor.kl_loss_type=kl", "algorithm.use_kl_in_reward=true",
+                "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.kl_coef=0.5"]),
 ])
 def test_verify_onpolicy_is_exact(tmp_path, train_unit, extra, verify_onpolicy):
     v, log = verify_onpolicy(tmp_path, train_unit, *extra)

@@ -104,12 +104,6 @@ def validate(cfg: DictConfig) -> PipeSettings:
     if int(actor.ppo_epochs) != 1 or actor.shuffle:
         errors.append("actor_rollout_ref.actor.ppo_epochs must be 1 and actor.shuffle false: a streamed group is "
                       "trained once, in arrival order")
-    if cfg.algorithm.use_kl_in_reward:
-        # the KL penalty enters the rewards before the group's advantages, which CGP computes when the group
-        # completes on the rollout side: it would need π_old and the reference there, per group
-        errors.append("algorithm.use_kl_in_reward=true is not supported by the RolloutPipe trainer yet: use verl's KL "
-                      "loss instead (actor_rollout_ref.actor.use_kl_loss=true, any kl_loss_type), or "
-                      "rolloutpipe.trainer=stock")
     if cfg.algorithm.adv_estimator != "grpo":
         errors.append(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}: the RolloutPipe trainer computes "
                       "group-relative advantages per complete group; use grpo")

@@ -12,10 +12,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def git_commit() -> str:
-    """HEAD's hash, with ``-dirty`` when tracked files differ from it (the result is then not of that commit)."""
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
+    """HEAD's hash, with ``-dirty`` when tracked files differ from it (the result is then not of that commit);
+    ``unknown`` without git (a bare GPU machine given a copy of the tree)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "unknown"
     return (head or "unknown") + ("-dirty" if dirty else "")
 
 

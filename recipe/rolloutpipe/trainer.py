@@ -21,12 +21,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 from verl import DataProto
 from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
-from verl.trainer.ppo.ray_trainer import RayPPOTrainer, compute_advantage, compute_response_mask
+from verl.trainer.ppo.core_algos import FixedKLController
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer, apply_kl_penalty, compute_advantage, compute_response_mask
 from verl.trainer.ppo.reward import extract_reward
 from verl.utils.metric import reduce_metrics
 from verl.utils.profiler import marked_timer
@@ -126,6 +128,31 @@ class RoundResult:
 
 
 @dataclass
+class RoundRewardKL:
+    """``algorithm.use_kl_in_reward`` for one round, streamed. verl's serial trainer applies the penalty once, to the
+    whole round's batch, with the controller's coefficient at that moment, and updates the controller with the
+    batch's mean KL. Here verl's ``apply_kl_penalty`` runs on each dispatched step (or group) with the coefficient the
+    round started with, and ``close`` gives the controller that one update from the same mean over all sequences."""
+
+    controller: Any  # verl's kl_ctrl_in_reward (fixed or adaptive)
+    kl_penalty: str
+    beta: float
+    kl_sum: float = 0.0  # Σ over sequences of each one's mean KL over its response tokens
+    sequences: int = 0
+
+    def apply(self, rows: DataProto) -> DataProto:
+        rows, metrics = apply_kl_penalty(rows, FixedKLController(self.beta), self.kl_penalty)
+        self.kl_sum += metrics["actor/reward_kl_penalty"] * len(rows)
+        self.sequences += len(rows)
+        return rows
+
+    def close(self) -> dict[str, float]:
+        kl = self.kl_sum / max(self.sequences, 1)
+        self.controller.update(current_kl=kl, n_steps=self.sequences)
+        return {"actor/reward_kl_penalty": kl, "actor/reward_kl_penalty_coeff": self.beta}
+
+
+@dataclass
 class _RoundRun:
     """A round in flight: the pipeline's Round plus what the verl side holds for it."""
 
@@ -138,6 +165,8 @@ class _RoundRun:
     step_outputs: list[DataProto] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=dict)  # verl's marked_timer: seconds per phase
     snapshot: dict[str, float | str] | None = None  # π_old snapshot of rank 0: bytes, seconds, placement
+    reward_kl: RoundRewardKL | None = None  # algorithm.use_kl_in_reward
+    reward_kl_metrics: dict[str, float] = field(default_factory=dict)
 
 
 class RolloutPipeTrainer(RayPPOTrainer):
@@ -151,6 +180,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         self.timeline_dir = Path(self.config.rolloutpipe.timeline_dir)
         self.round_rewards: list[float] = []
         self._phase_timing: dict[str, float] = {}
+        self._reward_kl: RoundRewardKL | None = None
         self.val_scores: list[tuple[int, float]] = []
         self.groups_trained_total = 0
         self.failover: ReplicaFailover | None = None  # disaggregated layout: replicas that may die mid-round
@@ -310,7 +340,11 @@ class RolloutPipeTrainer(RayPPOTrainer):
                                                      placement=self.config.rolloutpipe.snapshot_placement)[0]
         stream = GroupRolloutStream(self.async_rollout_manager.agent_loop_workers, pipe.group_size)
         run = _RoundRun(rnd, pipe, _RoundPrompts(self, batch, more_prompts), stream, snapshot=snapshot)
-        self._phase_timing = run.timing  # the phases timed inside a train call (old log-probs) add up there
+        if self.config.algorithm.use_kl_in_reward:
+            run.reward_kl = RoundRewardKL(self.kl_ctrl_in_reward, self.config.algorithm.kl_penalty,
+                                          float(self.kl_ctrl_in_reward.value))
+        # what a train call needs of the round: the phases timed inside it (old log-probs) add up in its timing
+        self._phase_timing, self._reward_kl = run.timing, run.reward_kl
         return run
 
     def _fit_rollout_side(self, run: _RoundRun) -> None:
@@ -362,6 +396,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
         """Weights v+1 to the rollout side -- only once every group of round v is consumed (the Round checks)."""
         self.actor_rollout_wg.end_round()
         run.rnd.check_publishable()
+        if run.reward_kl is not None:  # the KL controller's one update of the round, as verl's trainer does
+            run.reward_kl_metrics = run.reward_kl.close()
         if self.failover is not None:
             self._drop_dead_replicas(None)  # one that died after its last request must not fail the publish
         t0 = self.clock.now()
@@ -421,7 +457,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
         return rows
 
     def _materialize_group(self, prompt_row: DataProto, out: DataProto) -> DataProto:
-        """Rewards, response mask, GRPO advantages (verl's code on this group alone), π_old if from the rollout."""
+        """Rewards, response mask, GRPO advantages (verl's code on this group alone; with a KL penalty in the
+        reward they wait for π_old and the reference, on the trainer side), π_old if from the rollout."""
         rows = self.group_rows(prompt_row, out)
         reward_tensor, extra = extract_reward(rows)
         if reward_tensor is None or not bool(reward_tensor.isfinite().all()):
@@ -430,15 +467,25 @@ class RolloutPipeTrainer(RayPPOTrainer):
         rows.batch["token_level_rewards"] = reward_tensor
         if extra:
             rows.non_tensor_batch.update({k: np.array(v) for k, v in extra.items()})
-        rows = compute_advantage(
-            rows, adv_estimator=self.config.algorithm.adv_estimator, gamma=self.config.algorithm.gamma,
-            lam=self.config.algorithm.lam, num_repeat=self.pipe.group_size,
-            norm_adv_by_std_in_grpo=self.config.algorithm.get("norm_adv_by_std_in_grpo", True),
-            config=self.config.algorithm,
-        )
+        if not self.config.algorithm.use_kl_in_reward:
+            rows = self._advantages(rows)
         if self.pipe.old_log_prob == "rollout":
             rows.batch["old_log_probs"] = rows.batch["rollout_log_probs"]
         return rows
+
+    def _advantages(self, rows: DataProto) -> DataProto:
+        """GRPO advantages of whole groups (verl's code; normalised within each uid, so per group = per batch)."""
+        algo = self.config.algorithm
+        return compute_advantage(rows, adv_estimator=algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
+                                 num_repeat=self.pipe.group_size,
+                                 norm_adv_by_std_in_grpo=algo.get("norm_adv_by_std_in_grpo", True), config=algo)
+
+    def _with_kl_in_reward(self, rows: DataProto) -> DataProto:
+        """``algorithm.use_kl_in_reward``: the rows' rewards minus β·KL(π_old ‖ ref) (verl's ``apply_kl_penalty``),
+        then their advantages -- on the trainer side, once π_old and the reference log-probs are there."""
+        if self._reward_kl is None:
+            return rows
+        return self._advantages(self._reward_kl.apply(rows))
 
     # ---- trainer side: one optimizer step on U complete groups ------------------------------------------------
     @contextmanager
@@ -494,9 +541,11 @@ class RolloutPipeTrainer(RayPPOTrainer):
 
         from rolloutpipe_workers.streaming_actor import OLD_LOG_PROB_FROM  # worker module: import where used
 
-        in_call = self.pipe.old_log_prob == "snapshot" and self._fused_update
+        # π_old in the update call, unless a KL penalty in the reward needs it before the advantages
+        in_call = self.pipe.old_log_prob == "snapshot" and self._fused_update and self._reward_kl is None
         _count_tokens(rows)
         rows = self._with_ref_log_probs(rows if in_call else self._with_old_log_probs(rows, step_index))
+        rows = self._with_kl_in_reward(rows)
         rows.meta_info[OLD_LOG_PROB_FROM] = ("live" if step_index == 0 else "snapshot") if in_call else "batch"
         update, sent = self.actor_rollout_wg.update_actor_in_round, {}
 
@@ -524,7 +573,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         then, else None."""
         if rows is not None:
             _count_tokens(rows)
-            rows = self._with_ref_log_probs(self._with_old_log_probs(rows, d.step_index))
+            rows = self._with_kl_in_reward(self._with_ref_log_probs(self._with_old_log_probs(rows, d.step_index)))
             with self._routed("update_actor", "accumulate"):
                 self._step_metrics.append(self._update_actor(rows))
         if not d.ends_step:
@@ -546,6 +595,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         metrics = round_metrics(timeline, run.trained, run.step_outputs, p.group_size, p.step_groups,
                                 snapshot=p.old_log_prob == "snapshot")
         metrics.update({f"timing_s/{k}": v for k, v in run.timing.items()})
+        metrics.update(run.reward_kl_metrics)
         if run.snapshot is not None:  # π_old snapshot of weights v (trainer rank 0's shard)
             metrics[PREFIX + "snapshot_bytes"] = run.snapshot["bytes"]
             metrics[PREFIX + "snapshot_take_s"] = run.snapshot["seconds"]

@@ -27,7 +27,12 @@ must match too. Written:
 - with ``rolloutpipe.train_unit=groups`` also ``max_abs_weight_diff_one_group_per_call``: the round replayed from the
   same start state through the streaming worker API with *one group per call* (U ``accumulate`` calls per
   optimizer step, π_old from the live weights / the snapshot), against the serial weights -- the case the pipelined
-  run reaches only when its groups happen to arrive one by one.
+  run reaches only when its groups happen to arrive one by one;
+- with KL to a reference policy: ``max_abs_ref_logprob_diff`` (per step vs whole batch), ``kl_loss_per_step``; with
+  ``algorithm.use_kl_in_reward`` the serial side applies verl's penalty to the whole batch before its advantages
+  (so ``max_abs_advantage_diff`` compares the penalised ones), and a round of training comes first -- the penalty is
+  KL(π_old ‖ ref), zero while π_old is the reference -- with ``reward_kl_penalty`` and ``max_abs_reward_kl_shift``
+  showing it is not.
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ from pathlib import Path
 import numpy as np
 import ray
 from verl import DataProto
-from verl.trainer.ppo.ray_trainer import compute_advantage
+from verl.trainer.ppo.core_algos import FixedKLController
+from verl.trainer.ppo.ray_trainer import apply_kl_penalty, compute_advantage
 
 from .logs import get_logger
 from .provenance import git_commit, machine
@@ -173,10 +179,17 @@ def verify_in_trainer(trainer) -> dict:  # a RolloutPipeTrainer, workers started
     wg = trainer.actor_rollout_wg
     trainer.global_steps = 1
     trainer.checkpoint_manager.update_weights(0)
-    wg.save_train_state("round_start")
-    start_weights = wg.get_weights()[0]
+
     def first_batch() -> DataProto:  # the round's prompts, fresh (a round takes columns out of its batch)
         return DataProto.from_single_dict(next(iter(trainer.train_dataloader)))
+
+    if trainer.config.algorithm.use_kl_in_reward:
+        # the penalty is KL(π_old ‖ ref), and the first round's π_old *is* the reference: zero. One round of
+        # training first, so the checked round starts away from the reference and its penalty counts
+        trainer.fit_round(first_batch())
+        trainer.global_steps = 2
+    wg.save_train_state("round_start")
+    start_weights = wg.get_weights()[0]
 
     result = _check_round(trainer, first_batch, start_weights)
     control = _check_round(trainer, first_batch, start_weights, stale_publish=True)
@@ -224,6 +237,8 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
     with _publishing_after_first_step(trainer) if stale_publish else nullcontext():
         result = trainer.fit_round(batch)
     trained, step_outputs, calls = result.trained, result.step_outputs, result.calls_per_step
+    reward_kl = result.metrics.get("actor/reward_kl_penalty")  # algorithm.use_kl_in_reward: the round's mean KL
+    reward_kl_beta = result.metrics.get("actor/reward_kl_penalty_coeff")
     pipe_grads = wg.pop_step_grads()[0]
     pipe_weights = wg.get_weights()[0]
     rows = DataProto.concat(trained)  # the round in training order
@@ -255,6 +270,11 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
     use_ref = trainer.use_reference_policy  # actor.use_kl_loss: the serial run's reference log-probs, whole batch
     if use_ref:
         serial = serial.union(trainer._compute_ref_log_prob(serial))
+    if reward_kl is not None:  # verl's order: π_old, reference, the penalty on the whole batch, then advantages
+        serial, _ = apply_kl_penalty(serial, FixedKLController(reward_kl_beta), trainer.config.algorithm.kl_penalty)
+        serial = trainer._advantages(serial)
+        advantage_diff = _masked_max_abs(pipe_ordered.batch["advantages"], serial.batch["advantages"], mask) \
+            if differing == 0 else None
     trainer._update_actor(serial)
     serial_grads = wg.pop_step_grads()[0]
     serial_weights = wg.get_weights()[0]
@@ -288,6 +308,12 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
                                                     mask) if use_ref and differing == 0 else None,
         "ref_vs_old_logprob_gap": _masked_max_abs(rows.batch["ref_log_prob"], rows.batch["old_log_probs"], pipe_mask)
         if use_ref else None,
+        "kl_in_reward": reward_kl is not None,
+        "reward_kl_penalty": reward_kl,
+        "reward_kl_penalty_coeff": reward_kl_beta,
+        # how far the penalty moved the rewards (0 would make the KL-in-reward comparison vacuous)
+        "max_abs_reward_kl_shift": float((rows.batch["token_level_rewards"] - rows.batch["token_level_scores"])
+                                         .abs().max()) if reward_kl is not None else None,
         "kl_loss_per_step": [next((_scalar(v) for key, v in o.meta_info["metrics"].items()
                                    if key.endswith("kl_loss")), None) for o in step_outputs],
         "verl_grad_norm_per_step": [_scalar(o.meta_info["metrics"].get("actor/grad_norm")) for o in step_outputs],

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from recipe.rolloutpipe.provenance import git_commit, machine
 from rolloutpipe_workers.actor_parts import ParamSnapshot, TokenSumGradients, local
 
 PRESETS = {  # hidden, layers, vocab, sequence length, groups (U), group size (K)
@@ -163,7 +164,7 @@ def check_snapshot(model: nn.Module, groups, placement: str, device: torch.devic
     swap_peak = torch.cuda.max_memory_allocated(device) - peak_base if cuda else 0
     logp_diff = float((from_snapshot - before).abs().max())
     restored = max(float((local(p.data) - after[n]).abs().max()) for n, p in params.items())
-    moved = max(float((local(p.data) - snap._store[n].to(p.device)).abs().max()) for n, p in params.items())
+    moved = max(float((local(p.data) - snap.tensors[n].to(p.device)).abs().max()) for n, p in params.items())
     return {"placement": snap.placement, "bytes": snap.nbytes, "take_s": snap.take_s, "swap_in_s": swap_in_s,
             "swap_out_s": swap_out_s, "device_bytes_held": held, "swap_peak_extra_device_bytes": swap_peak,
             "max_abs_logprob_diff": logp_diff, "max_abs_live_weight_diff_after_swap": restored,
@@ -207,7 +208,8 @@ def run(device_name: str, preset_name: str, dtypes: list[str], seed: int = 0) ->
         torch.backends.cudnn.allow_tf32 = False
     _init_process_group(device)
     try:
-        result: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        result: dict = {"git_commit": git_commit(), "machine": machine(),
+                        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                         "torch": torch.__version__, "preset": preset_name, **preset, "gradients": [], "snapshot": []}
         groups = batch(preset, device, seed)
         for dtype in dtypes:
