@@ -340,8 +340,11 @@ def _replay_one_group_per_call(trainer, rows: DataProto) -> tuple[dict, list[dic
     wg.load_train_state("round_start")
     wg.begin_round(snapshot=True)
     for g in range(len(rows) // k):
-        trainer._train_groups(rows.slice(g * k, (g + 1) * k),
-                              Dispatch((g,), g // U, ends_step=g % U == U - 1, version=0))
+        group = rows.slice(g * k, (g + 1) * k)
+        for key in ("old_log_probs", "ref_log_prob"):  # computed again by the replay, in its own call shapes
+            if key in group.batch.keys():
+                group.batch.pop(key)
+        trainer._train_groups(group, Dispatch((g,), g // U, ends_step=g % U == U - 1, version=0))
     wg.end_round()
     return wg.get_weights()[0], wg.pop_step_grads()[0]
 
