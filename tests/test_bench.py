@@ -112,6 +112,7 @@ def test_mode_specs():
     assert parse_mode_spec("cgp_fgd:hold/4") == ModeSpec("cgp_fgd", "hold", 4, None)
     assert parse_mode_spec("cgp_fgd:priority+groups") == ModeSpec("cgp_fgd", "priority", None, "groups")
     assert parse_mode_spec("cgp+groups") == ModeSpec("cgp", None, None, "groups")
+    assert parse_mode_spec("cgp_fgd:hold/auto") == ModeSpec("cgp_fgd", "hold", "auto", None)
 
 
 def test_bench_runs_all_modes_on_the_real_stack(tmp_path):

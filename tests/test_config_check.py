@@ -27,8 +27,10 @@ def test_default_config_is_valid():
 
 @pytest.mark.parametrize("overrides,needle", [
     (["data.train_batch_size=10"], "must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size"),
-    (["rolloutpipe.frontier_width=0"], "rolloutpipe.frontier_width=0 must be between 1"),
-    (["rolloutpipe.frontier_width=17"], "rolloutpipe.frontier_width=17 must be between 1"),
+    (["rolloutpipe.frontier_width=0"], "rolloutpipe.frontier_width=0 must be auto or a number between 1"),
+    (["rolloutpipe.frontier_width=17"], "rolloutpipe.frontier_width=17 must be auto or a number between 1"),
+    (["rolloutpipe.frontier_width=wide"], "rolloutpipe.frontier_width='wide' must be auto or a number"),
+    (["rolloutpipe.frontier_width=auto"], "with fgd_strength=priority every group is in the engine already"),
     (["actor_rollout_ref.rollout.scheduling_policy=fcfs"], "fgd_strength=priority needs actor_rollout_ref.rollout"),
     (["trainer.n_gpus_per_node=3"], "data-parallel size 3"),
     (["trainer.balance_batch=true"], "trainer.balance_batch=true"),
@@ -47,6 +49,12 @@ def test_bad_config_names_key_and_fix(overrides, needle):
     with pytest.raises(RolloutPipeConfigError) as e:
         validate(cfg(*overrides))
     assert needle in str(e.value)
+
+
+def test_auto_frontier_width_starts_at_u():
+    s = validate(cfg("rolloutpipe.frontier_width=auto", "rolloutpipe.fgd_strength=hold"))
+    assert s.frontier_auto and s.frontier_width == s.step_groups == 4
+    assert not validate(cfg()).frontier_auto
 
 
 def test_kl_to_a_reference_policy_is_accepted():

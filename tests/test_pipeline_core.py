@@ -16,6 +16,7 @@ from recipe.rolloutpipe.pipeline import (
     PREFIX,
     GroupState,
     ManualClock,
+    MeasuredFrontierWidth,
     PipelineInvariantError,
     PipelineStallError,
     Round,
@@ -242,6 +243,38 @@ def test_hold_frontier_refills_in_order():
 def test_priority_submits_everything_lowest_order_first():
     adm = make_round(4, mode="cgp_fgd", frontier_width=2, fgd_strength="priority").admit()
     assert [(a.group_id, a.priority) for a in adm] == [(0, 0), (1, 1), (2, 2), (3, 3)]
+
+
+def _measured_round(serve_s: list[float], step_s: list[float]) -> RoundTimeline:
+    """A finished round (U=2) whose groups each took ``serve_s`` from admission to served, and whose optimizer
+    steps took ``step_s`` (step 1 in two calls, as ``train_unit: groups`` does)."""
+    groups = [{"order": i, "state": "consumed", "step_index": i // 2, "resends": 0,
+               "times": {"admitted": 0.5 * i, "serving_complete": 0.5 * i + s}} for i, s in enumerate(serve_s)]
+    t, intervals = 20.0, []
+    for k, s in enumerate(step_s):
+        parts = (s / 2, s / 2) if k == 1 else (s,)
+        for p in parts:
+            intervals.append({"start": t, "end": t + p, "step_index": k, "group_ids": [2 * k], "kind": "train"})
+            t += p
+    return RoundTimeline.from_dict({"settings": {}, "groups": groups, "intervals": intervals})
+
+
+@pytest.mark.parametrize("serve_s,step_s,width", [
+    ([2.0] * 8, [0.5] * 4, 8),  # trainer 4x faster than a group takes: widen to keep it fed (capped at R=8)
+    ([2.0] * 8, [1.5] * 4, 3),  # ceil(U * 2 / 1.5) = 3
+    ([2.0] * 8, [4.0] * 4, 2),  # trainer slower than the engine: never narrower than U
+    ([1.0, 1.0, 9.0, 1.0, 1.0, 1.0, 1.0, 1.0], [1.0, 0.1, 1.0, 1.0], 2),  # medians: one slow group/step moves nothing
+])
+def test_auto_frontier_width_follows_measured_times(serve_s, step_s, width):
+    auto = MeasuredFrontierWidth(step_groups=2, num_groups=8)
+    assert auto.width == 2  # the first round: U
+    assert auto.observe(_measured_round(serve_s, step_s)) == width == auto.width
+
+
+def test_auto_frontier_width_keeps_its_value_without_measurements():
+    auto = MeasuredFrontierWidth(step_groups=2, num_groups=8)
+    auto.observe(_measured_round([2.0] * 8, [1.5] * 4))
+    assert auto.observe(RoundTimeline.from_dict({"settings": {}, "groups": [], "intervals": []})) == 3
 
 
 def scenario_timeline() -> RoundTimeline:

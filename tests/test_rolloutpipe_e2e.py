@@ -51,7 +51,7 @@ VERL_GRPO_KEYS = [
 
 
 @pytest.mark.parametrize("mode,extra", [
-    ("cgp_fgd", ["rolloutpipe.fgd_strength=hold"]),
+    ("cgp_fgd", ["rolloutpipe.fgd_strength=hold", "rolloutpipe.frontier_width=auto"]),
     ("cgp_fgd", ["rolloutpipe.fgd_strength=priority", "actor_rollout_ref.rollout.scheduling_policy=priority",
                  *VERL_GRPO_KEYS]),
     ("sync", []),
@@ -77,7 +77,9 @@ def test_streaming_rounds(tmp_path, mode, extra):
             assert first_train >= last_ready  # the serial baseline waits for the whole round
         else:
             assert first_train < last_ready  # CGP: training overlapped generation
-        beyond = admitted_beyond_frontier(tl["groups"], width=4)  # F_w = U = 4
+        width = tl["settings"]["F_w"]  # U = 4, or with frontier_width=auto: U in round 1, then measured
+        assert (i == 2 or width == 4) and 4 <= width <= 16
+        beyond = admitted_beyond_frontier(tl["groups"], width=width)
         if "rolloutpipe.fgd_strength=hold" in extra:
             assert beyond == []  # hold: nothing entered the engine past the frontier
         elif mode == "cgp_fgd":

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
-from .pipeline.modes import TRAINER_MODES, FgdStrength, Mode
+from .pipeline.modes import AUTO_WIDTH, TRAINER_MODES, FgdStrength, Mode
 
 
 class RolloutPipeConfigError(ValueError):
@@ -24,13 +24,14 @@ class PipeSettings:
     num_groups: int  # R = data.train_batch_size
     group_size: int  # K = actor_rollout_ref.rollout.n
     step_groups: int  # U = actor_rollout_ref.actor.ppo_mini_batch_size
-    frontier_width: int  # F_w
+    frontier_width: int  # F_w (with frontier_auto: the first round's, U)
     fgd_strength: str
     old_log_prob: str  # snapshot | rollout
     max_buffered_groups: int | None = None  # bound on groups between admission and consumption (back-pressure)
     train_unit: str = "step"  # step: one update call per optimizer step | groups: accumulate groups as they come
     filter_metric: str | None = None  # dynamic sampling: drop groups whose K values of this metric are all equal
     max_extra_groups: int = 0  # replacements per round for filtered groups (prompts of later dataloader batches)
+    frontier_auto: bool = False  # frontier_width=auto: each round's F_w from the last one's (MeasuredFrontierWidth)
 
 
 def _get(cfg: DictConfig, key: str, default=None):
@@ -51,9 +52,14 @@ def validate(cfg: DictConfig) -> PipeSettings:
         errors.append(f"data.train_batch_size (R={r}) must be a multiple of "
                       f"actor_rollout_ref.actor.ppo_mini_batch_size (U={u}): an optimizer step takes U whole groups, "
                       "as in the serial run")
-    fw = rp.frontier_width if rp.frontier_width is not None else u
-    if not 1 <= int(fw) <= r:
-        errors.append(f"rolloutpipe.frontier_width={fw} must be between 1 and data.train_batch_size={r}")
+    auto = rp.frontier_width == AUTO_WIDTH
+    fw = u if auto or rp.frontier_width is None else rp.frontier_width
+    if not isinstance(fw, int) or not 1 <= fw <= r:
+        errors.append(f"rolloutpipe.frontier_width={fw!r} must be auto or a number between 1 and "
+                      f"data.train_batch_size={r}")
+    if auto and rp.fgd_strength == FgdStrength.PRIORITY:
+        errors.append("rolloutpipe.frontier_width=auto sizes hold's frontier; with fgd_strength=priority every group "
+                      "is in the engine already and F_w changes nothing: set rolloutpipe.fgd_strength=hold")
     strength = rp.fgd_strength
     if strength not in tuple(FgdStrength):
         errors.append(f"rolloutpipe.fgd_strength={strength!r}: use hold or priority")
@@ -117,4 +123,4 @@ def validate(cfg: DictConfig) -> PipeSettings:
     if errors:
         raise RolloutPipeConfigError("rolloutpipe: invalid config:\n  - " + "\n  - ".join(errors))
     return PipeSettings(mode, r, k, u, int(fw), strength, rp.old_log_prob,
-                        None if bound is None else int(bound), train_unit, filter_metric, extra)
+                        None if bound is None else int(bound), train_unit, filter_metric, extra, frontier_auto=auto)

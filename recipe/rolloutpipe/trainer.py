@@ -13,6 +13,7 @@ runs in the calling thread. They share the ledger and the FIFO under one lock.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -43,6 +44,7 @@ from .logs import get_logger
 from .pipeline import (
     PREFIX,
     Dispatch,
+    MeasuredFrontierWidth,
     MonotonicClock,
     PipelineInvariantError,
     Round,
@@ -181,6 +183,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         self.round_rewards: list[float] = []
         self._phase_timing: dict[str, float] = {}
         self._reward_kl: RoundRewardKL | None = None
+        self._frontier_widths: dict[tuple, MeasuredFrontierWidth] = {}  # frontier_width=auto, per round shape
         self.val_scores: list[tuple[int, float]] = []
         self.groups_trained_total = 0
         self.failover: ReplicaFailover | None = None  # disaggregated layout: replicas that may die mid-round
@@ -303,8 +306,10 @@ class RolloutPipeTrainer(RayPPOTrainer):
         With dynamic sampling (``algorithm.filter_groups``), a group whose K rewards are all equal is dropped and
         replaced by the next prompt (``more_prompts`` gives the next dataloader batch when the round's runs out).
         ``pipe`` runs this round with another shape (mode, R, F_w, FGD strength, train unit; the benchmark does);
-        ``draw_png`` forces the Gantt PNG on or off (default: ``rolloutpipe.timeline_png_every``)."""
-        run = self._fit_start_round(batch, more_prompts, pipe or self.pipe)
+        ``draw_png`` forces the Gantt PNG on or off (default: ``rolloutpipe.timeline_png_every``). With
+        ``frontier_width=auto`` the round's F_w comes from the previous round of the same shape."""
+        pipe, width = self._with_measured_frontier(pipe or self.pipe)
+        run = self._fit_start_round(batch, more_prompts, pipe)
         roller = threading.Thread(target=self._fit_rollout_side, args=(run,), daemon=True,
                                   name=f"rolloutpipe-rollout-v{run.rnd.version}")
         bar = tqdm(total=run.pipe.num_groups, desc=f"round {self.global_steps} [{run.pipe.mode}] consumed",
@@ -320,7 +325,18 @@ class RolloutPipeTrainer(RayPPOTrainer):
         bar.close()
         with marked_timer("rolloutpipe/publish", run.timing):
             self._fit_publish(run)
+        if width is not None:
+            width.observe(run.rnd.timeline)
         return self._fit_report(run, draw_png)
+
+    def _with_measured_frontier(self, pipe: PipeSettings) -> tuple[PipeSettings, MeasuredFrontierWidth | None]:
+        """``frontier_width=auto``: the pipe with this round's F_w, and the controller that takes its timeline (one
+        per round shape, so the benchmark's interleaved modes and sizes each keep their own)."""
+        if not pipe.frontier_auto:
+            return pipe, None
+        key = (pipe.mode, pipe.fgd_strength, pipe.num_groups, pipe.step_groups, pipe.train_unit)
+        width = self._frontier_widths.setdefault(key, MeasuredFrontierWidth(pipe.step_groups, pipe.num_groups))
+        return dataclasses.replace(pipe, frontier_width=width.width), width
 
     # ---- the round's hooks, in the order fit_round calls them ----------------------------------------------------
     def _fit_start_round(self, batch: DataProto, more_prompts: Callable[[], DataProto | None] | None,
@@ -596,6 +612,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
                                 snapshot=p.old_log_prob == "snapshot")
         metrics.update({f"timing_s/{k}": v for k, v in run.timing.items()})
         metrics.update(run.reward_kl_metrics)
+        metrics[PREFIX + "frontier_width"] = float(p.frontier_width)  # F_w this round ran with (auto: measured)
         if run.snapshot is not None:  # π_old snapshot of weights v (trainer rank 0's shard)
             metrics[PREFIX + "snapshot_bytes"] = run.snapshot["bytes"]
             metrics[PREFIX + "snapshot_take_s"] = run.snapshot["seconds"]

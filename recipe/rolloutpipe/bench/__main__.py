@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     bad = [m for m in bench.modes if m != STOCK and parse_mode_spec(m).mode not in TRAINER_MODES]
     if bad:
         raise SystemExit(f"rolloutpipe bench: rolloutpipe.bench.modes: {bad} unknown; use stock (verl's own trainer) "
-                         f"or mode[:hold|:priority][/F_w][+groups] with mode one of {[str(m) for m in TRAINER_MODES]}")
+                         "or mode[:hold|:priority][/F_w|/auto][+groups] with mode one of "
+                         f"{[str(m) for m in TRAINER_MODES]}")
     cores = os.sched_getaffinity(0)
     wanted = set(bench.rollout_cpus) | set(bench.trainer_cpus)
     if not wanted <= cores or set(bench.rollout_cpus) & set(bench.trainer_cpus):
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     raw = ray.get(BenchTaskRunner.options(num_cpus=1).remote().run.remote(cfg))
     raw["settings"] = {
         "K": int(cfg.actor_rollout_ref.rollout.n), "U": int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size),
-        "F_w": int(cfg.rolloutpipe.frontier_width), "max_response_length": int(cfg.data.max_response_length),
+        "F_w": cfg.rolloutpipe.frontier_width, "max_response_length": int(cfg.data.max_response_length),
         "max_num_seqs": int(cfg.actor_rollout_ref.rollout.max_num_seqs), "modes": list(bench.modes),
         "rollout_cpus": list(bench.rollout_cpus), "trainer_cpus": list(bench.trainer_cpus),
         "warmup_rounds": int(bench.warmup_rounds), "rounds": int(bench.rounds), "quick": args.quick,

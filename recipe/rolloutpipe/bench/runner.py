@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from ..logs import get_logger
 from ..pipeline import PREFIX
-from ..pipeline.modes import STOCK, parse_mode_spec
+from ..pipeline.modes import AUTO_WIDTH, STOCK, parse_mode_spec
 from ..workloads import LengthProfile, describe, round_lengths
 from .agent_loop import AGENT_NAME, LENGTHS_COLUMN
 from .verl_round import verl_round
@@ -77,9 +77,11 @@ def rotated(modes: list[str], round_index: int) -> list[str]:
 
 def _pipe_for(trainer, mode: str, num_groups: int):
     spec = parse_mode_spec(mode)
+    auto = spec.frontier_width == AUTO_WIDTH or (spec.frontier_width is None and trainer.pipe.frontier_auto)
+    width = trainer.pipe.step_groups if auto else spec.frontier_width or trainer.pipe.frontier_width
     return dataclasses.replace(trainer.pipe, mode=spec.mode, num_groups=num_groups,
                                fgd_strength=spec.fgd_strength or trainer.pipe.fgd_strength,
-                               frontier_width=spec.frontier_width or trainer.pipe.frontier_width,
+                               frontier_width=width, frontier_auto=auto,
                                train_unit=spec.train_unit or trainer.pipe.train_unit)
 
 

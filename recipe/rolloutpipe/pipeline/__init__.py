@@ -11,6 +11,7 @@ from .frontier import (
     AdmissionPolicy,
     FifoAdmission,
     FrontierAdmission,
+    MeasuredFrontierWidth,
     make_admission,
 )
 from .ledger import (
@@ -38,6 +39,7 @@ __all__ = [
     "FgdStrength",
     "FifoAdmission",
     "FrontierAdmission",
+    "MeasuredFrontierWidth",
     "GroupLedger",
     "GroupRecord",
     "GroupState",

@@ -7,11 +7,16 @@ The *frontier* is the ``width`` lowest-order groups that are not yet serving-com
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .ledger import GroupLedger, GroupRecord, GroupState
 from .modes import FgdStrength, Mode
+
+if TYPE_CHECKING:
+    from .timeline import RoundTimeline
 
 _NOT_DONE = (GroupState.SUBMITTED, GroupState.ADMITTED)
 
@@ -101,6 +106,37 @@ class AdaptiveFrontierAdmission(FrontierAdmission):
             width += 1
             running += g.group_size - g.finished_requests
         return max(width, 1)
+
+
+class MeasuredFrontierWidth:
+    """``rolloutpipe.frontier_width=auto``: F_w for each round from the previous round's measured times.
+
+    With ``hold``, F_w groups are in the engine at once. Each takes about T_g from admission to its last response
+    (the round's median), so they complete at about F_w / T_g groups per second, while the trainer takes U groups
+    per optimizer step of S seconds (the round's median step). F_w = ceil(U * T_g / S) is the narrowest frontier that
+    keeps the trainer fed: a slow trainer gets U (the next step's groups first, earliest), a fast one a frontier
+    wide enough to fill the engine -- up to R, where hold admits like CGP. T_g grows with the width (the engine is
+    shared), so the width settles over a few rounds. The first round runs with U.
+    """
+
+    def __init__(self, step_groups: int, num_groups: int) -> None:
+        self.step_groups = step_groups
+        self.num_groups = num_groups
+        self.width = step_groups
+
+    def observe(self, timeline: RoundTimeline) -> int:
+        """Take a finished round's timeline; returns (and keeps) the next round's width."""
+        admitted, served = GroupState.ADMITTED.value, GroupState.SERVING_COMPLETE.value
+        serve = [g["times"][served] - g["times"][admitted] for g in timeline.groups
+                 if admitted in g["times"] and served in g["times"]]
+        step_s: dict[int, float] = {}
+        for iv in timeline.intervals:
+            if iv.kind == "train":
+                step_s[iv.step_index] = step_s.get(iv.step_index, 0.0) + iv.end - iv.start
+        if serve and step_s and (step := statistics.median(step_s.values())) > 0:
+            wanted = math.ceil(self.step_groups * statistics.median(serve) / step)
+            self.width = min(self.num_groups, max(self.step_groups, wanted))
+        return self.width
 
 
 def make_admission(

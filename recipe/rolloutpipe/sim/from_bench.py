@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..pipeline.modes import STOCK, parse_mode_spec
+from ..pipeline.modes import AUTO_WIDTH, STOCK, parse_mode_spec
 from ..workloads import LengthProfile, round_lengths
 from .calibrate import bisect_increasing, fit_engine_scale
 from .simulator import EngineModel, RoundSpec, TrainerModel, simulate_round
@@ -41,10 +41,14 @@ class FixedLengths:
         return [list(r) for r in self.rows[:num_groups]]
 
 
-def _spec(mode: str, num_groups: int, settings: dict) -> RoundSpec:
+def _spec(mode: str, num_groups: int, settings: dict, metrics: dict | None = None) -> RoundSpec:
+    """The simulator's round for a bench mode; an ``auto`` frontier replays the width the round ran with."""
     m = parse_mode_spec("sync" if mode == STOCK else mode)  # verl's own step is a serial round
+    width = m.frontier_width or settings["F_w"]
+    if width == AUTO_WIDTH:
+        width = int((metrics or {}).get("rolloutpipe/frontier_width", settings["U"]))
     return RoundSpec(num_groups, group_size=settings["K"], step_groups=settings["U"], mode=m.mode,
-                     frontier_width=m.frontier_width or settings["F_w"], fgd_strength=m.fgd_strength or "hold")
+                     frontier_width=width, fgd_strength=m.fgd_strength or "hold")
 
 
 def calibrate(metrics: dict[str, float], work: FixedLengths, spec: RoundSpec,
@@ -105,7 +109,7 @@ def validate_against_bench(raw: dict[str, Any], calibrate_mode: str = "sync",
                                 settings.get("max_num_seqs", 256))
             if cont_round is not None:
                 eng, tr = fit_contention(cont_round["metrics"], work, _spec(contention_mode, r, settings), eng, tr)
-            pm = simulate_round(_spec(mode, r, settings), work, eng, tr).metrics()
+            pm = simulate_round(_spec(mode, r, settings, rnd["metrics"]), work, eng, tr).metrics()
             measured.append(rnd["metrics"]["rolloutpipe/rollout_to_train_end_s"])
             predicted.append(pm["rolloutpipe/rollout_to_train_end_s"])
         if not measured:
