@@ -41,7 +41,10 @@ def _run_and_check(tmp_path: Path, train_unit: str, *overrides: str,
     # negative control: weights published mid-round -> later groups sampled off-policy; the check must see it
     nc = v["negative_control"]
     assert nc["detected"] and nc["max_abs_sampling_logprob_diff"] > 1e-3, nc  # measured 5.7e-2
-    assert nc["max_abs_weight_diff"] > 10 * max(v["max_abs_weight_diff"], 1e-6), nc
+    if nc["responses_differing"]:  # tokens sampled from π_v+1 train other weights; when the same seeds drew the same
+        # tokens (seen once after a warm-up round, sampling log-probs 0.31 off), training is unchanged: π_old is the
+        # trainer's snapshot, not vLLM's
+        assert nc["max_abs_weight_diff"] > 10 * max(v["max_abs_weight_diff"], 1e-6), nc
     if v["kl_in_reward"]:  # PPO's KL penalty in the reward: the checked round starts one round away from the
         # reference, the penalty moved the rewards, and the advantages above (0.0) are the penalised ones
         assert v["reward_kl_penalty"] > 0 and v["max_abs_reward_kl_shift"] > 0, v
