@@ -1,0 +1,189 @@
+"""``python -m recipe.rolloutpipe.bench.rollout_calls [--rounds N] [key=value ...]``: does the recipe's per-group
+rollout path cost generation time? Generation only, on the quick bench's stack and rounds (pinned pools, saturated
+engine), three ways of sending the same round, interleaved round by round (order alternated):
+
+- ``verl_batch``: verl's ``AgentLoopManager.generate_sequences`` -- one call of R·K rows (what ``stock`` does);
+- ``per_group``: the recipe's ``GroupRolloutStream`` -- R agent-loop calls of K rows, collected as they finish
+  (what ``sync``/``cgp``/``cgp_fgd`` do);
+- ``one_call``: the same R·K rows in one agent-loop call (the worker's own batch path, without the manager);
+- ``per_group+train``: ``per_group`` while the driver keeps the trainer pool busy with π_old calls (verl's
+  ``compute_log_prob`` path, 16 rows each) on the other core, as a pipelined round's overlap does;
+- ``per_group+train+driver_on_trainer``: the same with the driver process (this runner: its dispatch and the
+  rollout stream's polling) pinned to the trainer's cores instead of floating over both.
+
+No optimizer step, no publication: what differs is the call pattern and what runs beside the rollout. Writes
+``<out_dir>/rollout_calls.json`` (per-round seconds, rollout-pool CPU seconds per process, paired ratios against
+``verl_batch`` with bootstrap CIs, ``git_commit``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import ray
+
+from ..main import prepare_runtime
+from ..provenance import git_commit, machine
+from ..resolve import apply_layout
+from .__main__ import load_config
+from .pinning import pool_env
+
+PATTERNS = ("verl_batch", "per_group", "one_call", "per_group+train", "per_group+train+driver_on_trainer")
+
+
+@ray.remote
+class RolloutCallsRunner:
+    def run(self, config, rounds: int) -> dict:
+        from ..bench.runner import make_round
+        from ..rollout_stream import SAMPLE_COLUMN, GroupRolloutStream
+        from ..runner import build_disaggregated_trainer
+        from ..workloads import LengthProfile
+        from .pinning import cpu_seconds, pin_pools
+
+        bench = config.rolloutpipe.bench
+        trainer = build_disaggregated_trainer(config)
+        trainer.init_workers()
+        [workload], [num_groups] = bench.workloads, bench.sizes
+        profile = LengthProfile.from_mapping(workload, bench.profiles[workload])
+        k = int(config.actor_rollout_ref.rollout.n)
+        manager = trainer.async_rollout_manager
+
+        def all_rows(batch):
+            rows = batch.repeat(repeat_times=k, interleave=True)
+            rows.non_tensor_batch[SAMPLE_COLUMN] = np.arange(len(rows), dtype=np.int64) % k
+            return rows
+
+        load_rows: list = []  # a round's generated rows: what the trainer-side load computes π_old on
+        all_cpus = os.sched_getaffinity(0)
+
+        def trainer_load(stop: threading.Event, calls: list[float]) -> None:
+            chunk = load_rows[0][:16]
+            chunk.meta_info["temperature"] = float(config.actor_rollout_ref.rollout.temperature)
+            chunk.meta_info["global_token_num"] = chunk.batch["attention_mask"].sum(-1).tolist()
+            while not stop.is_set():
+                t = time.monotonic()
+                trainer._old_log_probs(chunk, 0)
+                calls.append(time.monotonic() - t)
+
+        def generate(pattern: str, batch) -> dict:
+            if "+train" in pattern:
+                if "driver_on_trainer" in pattern:
+                    _pin_self(set(bench.trainer_cpus))
+                stop, calls = threading.Event(), []
+                load = threading.Thread(target=trainer_load, args=(stop, calls), daemon=True)
+                load.start()
+                try:
+                    generate("per_group", batch)
+                finally:
+                    stop.set()
+                    load.join()
+                    _pin_self(all_cpus)
+                return {"trainer_calls": len(calls), "trainer_call_s": statistics.median(calls) if calls else 0.0}
+            if pattern == "verl_batch":
+                manager.generate_sequences(all_rows(batch))
+            elif pattern == "one_call":
+                rows = all_rows(batch)
+                rows.non_tensor_batch["priority"] = np.zeros(len(rows), dtype=np.int64)
+                out = ray.get(manager.agent_loop_workers[0].generate_sequences.remote(rows))
+                if not load_rows:
+                    load_rows.append(out)
+            else:
+                stream = GroupRolloutStream(manager.agent_loop_workers, k)
+                for g in range(len(batch)):
+                    stream.submit(g, batch[g:g + 1], priority=0, meta={"global_steps": 1})
+                done = 0
+                while done < len(batch):
+                    done += len(stream.poll(timeout_s=0.05))
+            return {}
+
+        out: dict = {p: {"seconds": [], "cpu_s": [], "extra": []} for p in PATTERNS}
+        for i in range(rounds + 1):  # round 0: warm-up (vLLM's first batches), not recorded
+            order = PATTERNS if i % 2 else PATTERNS[::-1]
+            if not load_rows:  # the loaded patterns need generated rows first
+                order = ("one_call", *(p for p in order if p != "one_call"))
+            for pattern in order:
+                pin_pools(list(bench.rollout_cpus), list(bench.trainer_cpus))
+                batch, _ = make_round(trainer, profile, i, int(num_groups), int(bench.seed))
+                batch.meta_info["temperature"] = float(config.actor_rollout_ref.rollout.temperature)
+                cpu0, t0 = cpu_seconds(), time.monotonic()
+                extra = generate(pattern, batch)
+                seconds, cpu1 = time.monotonic() - t0, cpu_seconds()
+                if i:
+                    out[pattern]["seconds"].append(seconds)
+                    out[pattern]["extra"].append(extra)
+                    out[pattern]["cpu_s"].append({key: round(v - cpu0.get(key, 0.0), 3) for key, v in cpu1.items()
+                                                  if not key.startswith("trainer:") and v - cpu0.get(key, 0.0) >= 0.01})
+        return out
+
+
+def _pin_self(cpus: set[int]) -> None:
+    """Every thread of this process (the driver) onto ``cpus``."""
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), cpus)
+        except OSError:  # the thread exited meanwhile
+            pass
+
+
+def summarize(raw: dict) -> dict:
+    """Per pattern: median seconds, median rollout-pool CPU seconds per process, and the paired per-round ratio
+    against ``verl_batch`` (> 1: slower) with its bootstrap CI."""
+    from .report import _bootstrap_median_ci
+
+    base = raw["verl_batch"]["seconds"]
+    summary = {}
+    for pattern, rec in raw.items():
+        ratios = [x / b for x, b in zip(rec["seconds"], base, strict=True)]
+        procs = sorted({key for c in rec["cpu_s"] for key in c})
+        summary[pattern] = {
+            "median_s": statistics.median(rec["seconds"]),
+            "ratio_vs_verl_batch": statistics.median(ratios), "ratio_ci": _bootstrap_median_ci(ratios),
+            "cpu_s": {key: statistics.median(c.get(key, 0.0) for c in rec["cpu_s"]) for key in procs},
+            **({"trainer_calls": statistics.median(e["trainer_calls"] for e in rec["extra"]),
+                "trainer_call_s": statistics.median(e["trainer_call_s"] for e in rec["extra"])}
+               if rec["extra"] and rec["extra"][0] else {}),
+        }
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m recipe.rolloutpipe.bench.rollout_calls",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=8, help="measured rounds per pattern (after one warm-up)")
+    ap.add_argument("overrides", nargs="*", help="key=value overrides, as for the bench (--quick's setting)")
+    args = ap.parse_args(argv)
+    cfg = load_config(True, args.overrides)
+    apply_layout(cfg)
+    bench = cfg.rolloutpipe.bench
+    out_dir = Path(bench.out_dir).parent / "rollout_calls"
+    prepare_runtime(cfg, worker_env=pool_env(list(bench.rollout_cpus), list(bench.trainer_cpus)))
+    raw = ray.get(RolloutCallsRunner.options(num_cpus=1).remote().run.remote(cfg, args.rounds))
+    result = {"git_commit": git_commit(), "machine": machine(), "workload": list(bench.workloads),
+              "R": list(bench.sizes), "K": int(cfg.actor_rollout_ref.rollout.n), "rounds": args.rounds,
+              "summary": summarize(raw), "raw": raw}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "rollout_calls.json").write_text(json.dumps(result, indent=1))
+    for pattern, s in result["summary"].items():
+        lo, hi = s["ratio_ci"]
+        rollout = sum(v for k, v in s["cpu_s"].items() if k.startswith("rollout:"))
+        other = {k.split(":")[0]: 0.0 for k in s["cpu_s"] if not k.startswith("rollout:")}
+        for k, v in s["cpu_s"].items():
+            if not k.startswith("rollout:"):
+                other[k.split(":")[0]] += v
+        print(f"{pattern:36s} median {s['median_s']:.2f} s  vs verl_batch x{s['ratio_vs_verl_batch']:.3f} "
+              f"[{lo:.3f}, {hi:.3f}]  CPU-s: rollout pool {rollout:.2f} "
+              + " ".join(f"{k} {v:.2f}" for k, v in other.items())
+              + (f"  trainer calls {s['trainer_calls']:.0f} x {s['trainer_call_s']:.2f} s" if "trainer_calls" in s
+                 else ""))
+    print(f"-> {out_dir / 'rollout_calls.json'}")
+
+
+if __name__ == "__main__":
+    main()
