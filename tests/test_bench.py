@@ -98,13 +98,32 @@ def test_summary_compares_each_mode_with_verl_and_sync_of_the_same_round():
 
 def test_cpu_is_attributed_to_whose_process_it_is():
     assert cpu_category("VLLM::Worker_TP0") == "rollout" and cpu_category("ray::WorkerDict.update") == "trainer"
-    assert cpu_category("ray::BenchTaskRunner.run") == "driver"
+    assert cpu_category("ray::BenchTaskRunner.run") == cpu_category("ray::RolloutCallsRunner.run") == "driver"
     assert cpu_category("/v/bin/python -m recipe.rolloutpipe.bench --quick") == "driver"
     assert cpu_category("/v/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet --x") == "ray_daemons"
     assert cpu_category("ray::IDLE") == cpu_category("ray::DashboardAgent") == "ray_daemons"
     assert cpu_category("") == "kernel"  # kernel threads have no command line
     assert cpu_category("/usr/bin/bash") == "other"
     assert rotated(["a", "b", "c"], 0) == ["a", "b", "c"] and rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
+
+
+def test_rollout_calls_summary_pairs_rounds_and_measures_the_machine_drift():
+    """bench.rollout_calls: a pattern 10 % slower in every round shows x1.1 with a CI of one point, whatever the
+    round-to-round drift; a probe that tracks the pool's CPU seconds correlates with it."""
+    from recipe.rolloutpipe.bench.rollout_calls import summarize
+
+    drift = [1.0, 1.6, 0.8, 1.3, 1.1]  # the machine's speed, round by round
+    def rec(scale: float) -> dict:
+        return {"seconds": [6 * d * scale for d in drift],
+                "cpu_s": [{"rollout:VLLM::Worker": 3 * d * scale, "rollout:ray::AgentLoopWorker": 2 * d * scale,
+                           "driver:ray::RolloutCallsRunner": 0.1} for d in drift],
+                "extra": [{"probe_s": 0.05 * d} for d in drift]}
+    s = summarize({"verl_batch": rec(1.0), "per_group": rec(1.1)})
+    assert s["per_group"]["ratio_vs_verl_batch"] == pytest.approx(1.1)
+    assert s["per_group"]["ratio_ci"] == pytest.approx([1.1, 1.1])
+    assert s["per_group"]["cpu_s"]["rollout:VLLM::Worker"] == pytest.approx(3 * 1.1 * 1.1)
+    assert s["machine"]["corr_probe_vs_pool_cpu"] > 0.9
+    assert s["machine"]["pool_cpu_s_max"] / s["machine"]["pool_cpu_s_min"] == pytest.approx(1.6 / 0.8 * 1.1)
 
 
 def test_mode_specs():

@@ -52,7 +52,8 @@ def _pool_of(title: str) -> str | None:
 
 # the project's own processes outside the two pools: the bench / training driver and the task runner (the pipeline
 # loop and the rollout thread run there)
-DRIVER_TITLES = ("ray::BenchTaskRunner", "ray::RolloutPipeTaskRunner", "ray::VerifyTaskRunner", "ray::TaskRunner")
+DRIVER_TITLES = ("ray::BenchTaskRunner", "ray::RolloutPipeTaskRunner", "ray::VerifyTaskRunner", "ray::TaskRunner",
+                 "ray::RolloutCallsRunner")
 CPU_CATEGORIES = ("rollout", "trainer", "driver", "ray_daemons", "kernel", "other")
 
 

@@ -11,7 +11,9 @@ engine), three ways of sending the same round, interleaved round by round (order
 - ``per_group+train+driver_on_trainer``: the same with the driver process (this runner: its dispatch and the
   rollout stream's polling) pinned to the trainer's cores instead of floating over both.
 
-No optimizer step, no publication: what differs is the call pattern and what runs beside the rollout. Writes
+No optimizer step, no publication: what differs is the call pattern and what runs beside the rollout. Before each
+generation a fixed probe (a single-thread matmul and Python loop, best of three) times the rollout core while the pool
+is idle: the machine's own speed at that moment, to tell the host's drift from the call pattern's cost. Writes
 ``<out_dir>/rollout_calls.json`` (per-round seconds, rollout-pool CPU seconds per process, paired ratios against
 ``verl_batch`` with bootstrap CIs, ``git_commit``).
 """
@@ -112,8 +114,9 @@ class RolloutCallsRunner:
                 pin_pools(list(bench.rollout_cpus), list(bench.trainer_cpus))
                 batch, _ = make_round(trainer, profile, i, int(num_groups), int(bench.seed))
                 batch.meta_info["temperature"] = float(config.actor_rollout_ref.rollout.temperature)
+                probe = speed_probe(int(bench.rollout_cpus[0]))
                 cpu0, t0 = cpu_seconds(), time.monotonic()
-                extra = generate(pattern, batch)
+                extra = {"probe_s": probe, **generate(pattern, batch)}
                 seconds, cpu1 = time.monotonic() - t0, cpu_seconds()
                 if i:
                     out[pattern]["seconds"].append(seconds)
@@ -121,6 +124,32 @@ class RolloutCallsRunner:
                     out[pattern]["cpu_s"].append({key: round(v - cpu0.get(key, 0.0), 3) for key, v in cpu1.items()
                                                   if not key.startswith("trainer:") and v - cpu0.get(key, 0.0) >= 0.01})
         return out
+
+
+def _pool_cpu(cpu_s: dict[str, float]) -> float:
+    return sum(v for k, v in cpu_s.items() if k.startswith("rollout:"))
+
+
+def speed_probe(cpu: int) -> float:
+    """Seconds a fixed piece of work takes on ``cpu`` (best of three): higher = the core is slower right now."""
+    import torch
+
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})  # this thread only
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, best = torch.randn(256, 256), float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            for _ in range(20):
+                a = (a @ a).tanh()
+            sum(i * i for i in range(100_000))
+            best = min(best, time.perf_counter() - t)
+        return best
+    finally:
+        torch.set_num_threads(threads)
+        os.sched_setaffinity(0, before)
 
 
 def _pin_self(cpus: set[int]) -> None:
@@ -138,7 +167,7 @@ def summarize(raw: dict) -> dict:
     from .report import _bootstrap_median_ci
 
     base = raw["verl_batch"]["seconds"]
-    summary = {}
+    summary: dict = {}
     for pattern, rec in raw.items():
         ratios = [x / b for x, b in zip(rec["seconds"], base, strict=True)]
         procs = sorted({key for c in rec["cpu_s"] for key in c})
@@ -148,8 +177,18 @@ def summarize(raw: dict) -> dict:
             "cpu_s": {key: statistics.median(c.get(key, 0.0) for c in rec["cpu_s"]) for key in procs},
             **({"trainer_calls": statistics.median(e["trainer_calls"] for e in rec["extra"]),
                 "trainer_call_s": statistics.median(e["trainer_call_s"] for e in rec["extra"])}
-               if rec["extra"] and rec["extra"][0] else {}),
+               if rec["extra"] and "trainer_calls" in rec["extra"][0] else {}),
         }
+    # the machine's drift: the probe's spread, and how much of the rollout pool's CPU seconds per round (the same
+    # tokens every pattern) it explains -- a pattern's own cost would show as CPU the probe does not predict
+    probes = [e["probe_s"] for rec in raw.values() for e in rec["extra"]]
+    pool = [_pool_cpu(c) for rec in raw.values() for c in rec["cpu_s"]]
+    rounds = len(base)
+    per_round = [statistics.median(_pool_cpu(rec["cpu_s"][i]) for rec in raw.values()) for i in range(rounds)]
+    summary["machine"] = {"probe_s_min": min(probes), "probe_s_max": max(probes),
+                          "pool_cpu_s_min": min(pool), "pool_cpu_s_max": max(pool),
+                          "corr_probe_vs_pool_cpu": float(np.corrcoef(probes, pool)[0, 1]),
+                          "pool_cpu_s_per_round_median": per_round}
     return summary
 
 
@@ -171,6 +210,11 @@ def main(argv: list[str] | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "rollout_calls.json").write_text(json.dumps(result, indent=1))
     for pattern, s in result["summary"].items():
+        if pattern == "machine":
+            print(f"machine: probe {s['probe_s_min']:.3f}-{s['probe_s_max']:.3f} s, rollout pool "
+                  f"{s['pool_cpu_s_min']:.2f}-{s['pool_cpu_s_max']:.2f} CPU-s per generation, correlation "
+                  f"{s['corr_probe_vs_pool_cpu']:.2f}")
+            continue
         lo, hi = s["ratio_ci"]
         rollout = sum(v for k, v in s["cpu_s"].items() if k.startswith("rollout:"))
         other = {k.split(":")[0]: 0.0 for k in s["cpu_s"] if not k.startswith("rollout:")}
