@@ -52,7 +52,7 @@ from .pipeline import (
     RoundShape,
     RoundTimeline,
 )
-from .rollout_stream import REQUEST_COLUMNS, GroupRolloutStream
+from .rollout_stream import REQUEST_COLUMNS, GroupRequest, GroupRolloutStream
 from .round_metrics import merge_metric_lists, round_line, round_metrics
 
 logger = get_logger(__name__)
@@ -386,12 +386,16 @@ class RolloutPipeTrainer(RayPPOTrainer):
             run.rnd.fail(e)
 
     def _fit_send(self, run: _RoundRun, admissions: list) -> None:
-        """Each admitted group's K requests to vLLM (seeded per request when ``rolloutpipe.sampling_seed`` is set)."""
+        """The admitted groups' K requests each to vLLM, in one call per agent-loop worker (seeded per request when
+        ``rolloutpipe.sampling_seed`` is set)."""
+        if not admissions:
+            return
         base = self.config.rolloutpipe.get("sampling_seed")
-        for a in admissions:
-            seed = None if base is None else request_seed(int(base), self.global_steps, a.group_id, run.pipe.group_size)
-            run.stream.submit(a.group_id, run.prompts.gen_row(a.group_id), a.priority,
-                              {"global_steps": self.global_steps}, seed)
+        run.stream.submit([
+            GroupRequest(a.group_id, run.prompts.gen_row(a.group_id), a.priority, {"global_steps": self.global_steps},
+                         None if base is None else request_seed(int(base), self.global_steps, a.group_id,
+                                                                run.pipe.group_size))
+            for a in admissions])
 
     def _fit_train_dispatch(self, run: _RoundRun, d: Dispatch) -> None:
         """Train the dispatched groups: one verl update for a whole step (``train_unit: step``), else accumulate
@@ -444,8 +448,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
             raise first  # no replica died: not a failure re-sending can fix
         lost = sorted(run.stream.lost)
         run.rnd.resend(lost)
-        for gid in lost:
-            run.stream.resend(gid)
+        run.stream.resend(lost)
         logger.info(f"[rolloutpipe] round {self.global_steps}: groups {lost} lost with a dead rollout replica, re-sent "
                     f"to the {self.failover.alive} surviving replica(s)")
 

@@ -54,7 +54,7 @@ from verl.trainer.ppo.ray_trainer import apply_kl_penalty, compute_advantage
 
 from .logs import get_logger
 from .provenance import git_commit, machine
-from .rollout_stream import GroupRolloutStream
+from .rollout_stream import GroupRequest, GroupRolloutStream
 from .trainer import request_seed
 
 R, U = 16, 4
@@ -101,9 +101,8 @@ def _regenerate_serially(trainer, batch: DataProto, uids: list[str]) -> dict[int
     gen = trainer._get_gen_batch(batch)
     gen.meta_info["temperature"] = batch.meta_info["temperature"] = trainer.config.actor_rollout_ref.rollout.temperature
     stream = GroupRolloutStream(trainer.async_rollout_manager.agent_loop_workers, k)
-    for gid in range(len(batch)):
-        stream.submit(gid, gen[gid : gid + 1], 0, {"global_steps": trainer.global_steps},
-                      request_seed(int(base), trainer.global_steps, gid, k))
+    stream.submit([GroupRequest(gid, gen[gid : gid + 1], 0, {"global_steps": trainer.global_steps},
+                                request_seed(int(base), trainer.global_steps, gid, k)) for gid in range(len(batch))])
     outs: dict[int, DataProto] = {}
     while len(outs) < len(batch):
         outs.update(stream.poll(timeout_s=0.1))

@@ -3,13 +3,13 @@ rollout path cost generation time? Generation only, on the quick bench's stack a
 engine), three ways of sending the same round, interleaved round by round (order alternated):
 
 - ``verl_batch``: verl's ``AgentLoopManager.generate_sequences`` -- one call of R·K rows (what ``stock`` does);
-- ``per_group``: the recipe's ``GroupRolloutStream`` -- R agent-loop calls of K rows, collected as they finish
-  (what ``sync``/``cgp``/``cgp_fgd`` do);
+- ``per_group``: R agent-loop calls of K rows, collected as they finish (what the recipe's stream sent before
+  ``generate_groups``);
+- ``group_stream``: the recipe's ``GroupRolloutStream`` -- one ``generate_groups`` call of the R groups, each
+  streamed back when complete (what ``sync``/``cgp``/``cgp_fgd`` do);
 - ``one_call``: the same R·K rows in one agent-loop call (the worker's own batch path, without the manager);
-- ``per_group+train``: ``per_group`` while the driver keeps the trainer pool busy with π_old calls (verl's
-  ``compute_log_prob`` path, 16 rows each) on the other core, as a pipelined round's overlap does;
-- ``per_group+train+driver_on_trainer``: the same with the driver process (this runner: its dispatch and the
-  rollout stream's polling) pinned to the trainer's cores instead of floating over both.
+- ``group_stream+train``: ``group_stream`` while the driver keeps the trainer pool busy with π_old calls (verl's
+  ``compute_log_prob`` path, 16 rows each) on the other core, as a pipelined round's overlap does.
 
 No optimizer step, no publication: what differs is the call pattern and what runs beside the rollout. Before each
 generation a fixed probe (a single-thread matmul and Python loop, best of three) times the rollout core while the pool
@@ -37,14 +37,14 @@ from ..resolve import apply_layout
 from .__main__ import load_config
 from .pinning import pool_env
 
-PATTERNS = ("verl_batch", "per_group", "one_call", "per_group+train", "per_group+train+driver_on_trainer")
+PATTERNS = ("verl_batch", "per_group", "group_stream", "one_call", "group_stream+train")
 
 
 @ray.remote
 class RolloutCallsRunner:
     def run(self, config, rounds: int) -> dict:
         from ..bench.runner import make_round
-        from ..rollout_stream import SAMPLE_COLUMN, GroupRolloutStream
+        from ..rollout_stream import SAMPLE_COLUMN, GroupRequest, GroupRolloutStream
         from ..runner import build_disaggregated_trainer
         from ..workloads import LengthProfile
         from .pinning import cpu_seconds, pin_pools
@@ -63,7 +63,6 @@ class RolloutCallsRunner:
             return rows
 
         load_rows: list = []  # a round's generated rows: what the trainer-side load computes π_old on
-        all_cpus = os.sched_getaffinity(0)
 
         def trainer_load(stop: threading.Event, calls: list[float]) -> None:
             chunk = load_rows[0][:16]
@@ -75,18 +74,15 @@ class RolloutCallsRunner:
                 calls.append(time.monotonic() - t)
 
         def generate(pattern: str, batch) -> dict:
-            if "+train" in pattern:
-                if "driver_on_trainer" in pattern:
-                    _pin_self(set(bench.trainer_cpus))
+            if pattern.endswith("+train"):
                 stop, calls = threading.Event(), []
                 load = threading.Thread(target=trainer_load, args=(stop, calls), daemon=True)
                 load.start()
                 try:
-                    generate("per_group", batch)
+                    generate(pattern.removesuffix("+train"), batch)
                 finally:
                     stop.set()
                     load.join()
-                    _pin_self(all_cpus)
                 return {"trainer_calls": len(calls), "trainer_call_s": statistics.median(calls) if calls else 0.0}
             if pattern == "verl_batch":
                 manager.generate_sequences(all_rows(batch))
@@ -98,8 +94,13 @@ class RolloutCallsRunner:
                     load_rows.append(out)
             else:
                 stream = GroupRolloutStream(manager.agent_loop_workers, k)
-                for g in range(len(batch)):
-                    stream.submit(g, batch[g:g + 1], priority=0, meta={"global_steps": 1})
+                requests = [GroupRequest(g, batch[g:g + 1], priority=0, meta={"global_steps": 1})
+                            for g in range(len(batch))]
+                if pattern == "per_group":  # one call per group
+                    for r in requests:
+                        stream.submit([r])
+                else:  # group_stream: one call of every group, each streamed back when complete
+                    stream.submit(requests)
                 done = 0
                 while done < len(batch):
                     done += len(stream.poll(timeout_s=0.05))
@@ -150,15 +151,6 @@ def speed_probe(cpu: int) -> float:
     finally:
         torch.set_num_threads(threads)
         os.sched_setaffinity(0, before)
-
-
-def _pin_self(cpus: set[int]) -> None:
-    """Every thread of this process (the driver) onto ``cpus``."""
-    for task in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(task), cpus)
-        except OSError:  # the thread exited meanwhile
-            pass
 
 
 def summarize(raw: dict) -> dict:
