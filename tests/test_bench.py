@@ -98,6 +98,7 @@ def test_summary_compares_each_mode_with_verl_and_sync_of_the_same_round():
 
 def test_cpu_is_attributed_to_whose_process_it_is():
     assert cpu_category("VLLM::Worker_TP0") == "rollout" and cpu_category("ray::WorkerDict.update") == "trainer"
+    assert cpu_category("ray::GroupStreamingAgentLoopWorker.generate_groups") == "rollout"  # the recipe's subclass
     assert cpu_category("ray::BenchTaskRunner.run") == cpu_category("ray::RolloutCallsRunner.run") == "driver"
     assert cpu_category("/v/bin/python -m recipe.rolloutpipe.bench --quick") == "driver"
     assert cpu_category("/v/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet --x") == "ray_daemons"

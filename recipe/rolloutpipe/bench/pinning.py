@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 
 # process title prefixes -> pool
-ROLLOUT_TITLES = ("VLLM::", "ray::vLLMHttpServer", "ray::AgentLoopWorker", "ray::GlobalRequestLoadBalancer",
-                  "ray::RewardLoopWorker", "ray::CheckpointEngineWorker")
+ROLLOUT_TITLES = ("VLLM::", "ray::vLLMHttpServer", "ray::AgentLoopWorker", "ray::GroupStreamingAgentLoopWorker",
+                  "ray::GlobalRequestLoadBalancer", "ray::RewardLoopWorker", "ray::CheckpointEngineWorker")
 TRAINER_TITLES = ("ray::WorkerDict", "ray::DetachActorWorker", "ray::StreamingDetachActorWorker")
 
 
