@@ -41,6 +41,7 @@ class StreamingWorker:
 
         for n, finished in enumerate(asyncio.as_completed([one(g, r) for g, r in groups])):
             if n == self.die_after:
+                await asyncio.sleep(0.5)  # the groups yielded so far reach the caller first
                 os._exit(1)
             yield await finished
 
