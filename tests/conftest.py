@@ -15,6 +15,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # with -n 2 (pytest-xdist) each worker takes one test at a time, in the order below, instead of a chunk of them
+    if getattr(config.option, "maxschedchunk", 0) is None:
+        config.option.maxschedchunk = 1
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Real-stack tests first, those with the most stack runs first. A stack's start-up keeps one core busy for a
+    minute or more, so the suite runs two tests at a time (``-n 2``, README); starting the long ones first leaves the
+    short ones to fill in at the end instead of one long run finishing alone."""
+    def runs(item: pytest.Item) -> int:
+        mark = item.get_closest_marker("real_stack")
+        return int(mark.kwargs.get("runs", 1)) if mark else 0
+
+    items.sort(key=runs, reverse=True)  # stable: file order within the same count
+
+
 def _run_and_check(tmp_path: Path, train_unit: str, *overrides: str,
                    ray_address: str | None = None) -> tuple[dict, str]:
     """``python -m recipe.rolloutpipe.verify_onpolicy`` (seeded sampling); asserts the equivalence contract and

@@ -4,6 +4,7 @@ vLLM through verl's agent loop; every mode runs from the same start state)."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from recipe.rolloutpipe.bench.agent_loop import parse_lengths
-from recipe.rolloutpipe.bench.pinning import cpu_category
+from recipe.rolloutpipe.bench.pinning import cpu_category, descendants, this_ray_node
 from recipe.rolloutpipe.bench.report import markdown, overlap_efficiency_vs_stock, rollout_vs_r, summarize
 from recipe.rolloutpipe.bench.runner import rotated
 from recipe.rolloutpipe.pipeline.modes import ModeSpec, parse_mode_spec
@@ -108,6 +109,28 @@ def test_cpu_is_attributed_to_whose_process_it_is():
     assert rotated(["a", "b", "c"], 0) == ["a", "b", "c"] and rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
 
 
+def test_pinning_stays_inside_its_own_ray_node(monkeypatch):
+    """Two runs on one machine (the suite runs two tests at a time): a run pins only the processes below its own
+    raylet, found by parent pid; the grandchild of a started process is below it, this process is not."""
+    code = ("import subprocess, sys, time; "
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "print(c.pid, flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    grandchild = int(child.stdout.readline())
+    try:
+        mine = descendants(os.getpid())
+        assert {os.getpid(), child.pid, grandchild} <= mine and os.getppid() not in mine
+        monkeypatch.setenv("RAY_RAYLET_PID", str(child.pid))  # as Ray sets it in every worker of a node
+        node = this_ray_node()
+        assert node == {child.pid, grandchild} and os.getpid() not in node
+        monkeypatch.delenv("RAY_RAYLET_PID")
+        assert this_ray_node() is None  # outside Ray: the whole machine
+    finally:
+        os.kill(grandchild, 9)
+        child.kill()
+        child.wait()
+
+
 def test_rollout_calls_summary_pairs_rounds_and_measures_the_machine_drift():
     """bench.rollout_calls: a pattern 10 % slower in every round shows x1.1 with a CI of one point, whatever the
     round-to-round drift; a probe that tracks the pool's CPU seconds correlates with it."""
@@ -135,6 +158,7 @@ def test_mode_specs():
     assert parse_mode_spec("cgp_fgd:hold/auto") == ModeSpec("cgp_fgd", "hold", "auto", None)
 
 
+@pytest.mark.real_stack(runs=1)
 def test_bench_runs_all_modes_on_the_real_stack(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "recipe.rolloutpipe.bench", "--json", str(tmp_path / "records.json"),

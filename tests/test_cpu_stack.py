@@ -118,6 +118,7 @@ def test_vllm_generates_from_reloaded_weights(embedded, plugin):
     assert not all(abs(lp + math.log(vocab)) < 1e-4 for lp in before)  # the warm-started model is not uniform
 
 
+@pytest.mark.real_stack(runs=1)
 def test_stock_verl_grpo_two_steps(embedded, tmp_path):
     """verl's own GRPO trainer: async vLLM rollout, FSDP2 actor on gloo, a weight sync per step."""
     out = subprocess.run(

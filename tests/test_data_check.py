@@ -80,6 +80,7 @@ def test_truncated_file_stops_before_ray(tmp_path, broken):
     assert "Started a local Ray instance" not in log and "Traceback" not in log
 
 
+@pytest.mark.real_stack(runs=1)
 def test_skip_policy_trains_on_the_cleaned_copy(tmp_path, broken):
     out = subprocess.run(
         [sys.executable, "-m", "recipe.rolloutpipe.main", f"data.train_files={broken}",

@@ -5,9 +5,11 @@ on-policy equivalence check then runs with data parallelism 2 across them."""
 
 from __future__ import annotations
 
+import pytest
 from ray.cluster_utils import Cluster
 
 
+@pytest.mark.real_stack(runs=1)
 def test_streaming_round_on_two_ray_nodes_equals_the_serial_round(tmp_path, verify_onpolicy):
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 8, "num_gpus": 1})
     cluster.add_node(num_cpus=8, num_gpus=1)

@@ -12,7 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
+
+from recipe.rolloutpipe.bench.pinning import descendants
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUND = re.compile(r"\[rolloutpipe\] round (\d+) mode=sync")
@@ -34,15 +37,16 @@ def _run(cmd: list[str]) -> str:
     return log
 
 
-def _pids(title: str) -> list[int]:
+def _pids(title: str, root: int) -> list[int]:
+    """The processes titled ``title`` below ``root`` (the run's driver: its Ray instance and workers), not another
+    run's beside it (the suite runs two tests at a time)."""
     pids = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                if (p / "cmdline").read_bytes().startswith(title.encode()):
-                    pids.append(int(p.name))
-            except OSError:
-                pass
+    for pid in sorted(descendants(root)):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(title.encode()):
+                pids.append(pid)
+        except OSError:
+            pass
     return pids
 
 
@@ -67,7 +71,7 @@ def _run_killing_after_checkpoint(cmd: list[str], ckpt_dir: Path, step: int, tit
     while not (tracker.exists() and tracker.read_text().strip() == str(step)):
         assert proc.poll() is None and time.monotonic() < deadline, f"the run ended before checkpoint {step}"
         time.sleep(0.05)
-    found = _pids(title)
+    found = _pids(title, proc.pid)
     assert found, f"no {title} process found"
     for pid in found[:1] if first_only else found:
         os.kill(pid, signal.SIGKILL)
@@ -91,6 +95,7 @@ def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
     return {k: (v.to_local() if hasattr(v, "to_local") else v) for k, v in state.items()}
 
 
+@pytest.mark.real_stack(runs=3)
 def test_killed_trainer_resumes_to_the_uninterrupted_result(tmp_path):
     log_a = _run(_cmd(tmp_path, "a"))
     assert [int(r) for r in ROUND.findall(log_a)] == [1, 2, 3, 4]
@@ -113,6 +118,7 @@ def test_killed_trainer_resumes_to_the_uninterrupted_result(tmp_path):
     assert moved > 0 and diff <= 1e-6
 
 
+@pytest.mark.real_stack(runs=1)
 def test_killed_rollout_replica_stops_with_the_resume_message(tmp_path):
     """The only vLLM server process SIGKILLed mid-run: no replica is left to re-send to, so the round fails without
     publishing and one message names the last checkpoint."""
@@ -129,6 +135,7 @@ def test_killed_rollout_replica_stops_with_the_resume_message(tmp_path):
     assert (tmp_path / "c" / died.group(2).rsplit("/", 1)[-1] / "rolloutpipe_state.json").exists()
 
 
+@pytest.mark.real_stack(runs=1)
 def test_killed_rollout_replica_fails_over_to_the_survivor(tmp_path):
     """Two standalone replicas; one vLLM server process SIGKILLed mid-run: it leaves routing and publication, its
     lost groups are re-sent to the survivor, every round completes with R groups trained once."""

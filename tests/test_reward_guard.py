@@ -49,6 +49,7 @@ def test_raise_policy_names_function_and_cause():
         guarded_score(DATA_SOURCE, "1", "1", user_path=FAULTY, user_name="nope")
 
 
+@pytest.mark.real_stack(runs=1)
 def test_round_completes_with_faulty_reward(tmp_path):
     """Real stack: every fault fires inside verl's reward loop; both rounds train all 16 groups and count errors."""
     out = subprocess.run(

@@ -56,6 +56,7 @@ VERL_GRPO_KEYS = [
                  *VERL_GRPO_KEYS]),
     ("sync", []),
 ])
+@pytest.mark.real_stack(runs=1)
 def test_streaming_rounds(tmp_path, mode, extra):
     log = run_main(tmp_path, f"rolloutpipe.mode={mode}", "trainer.total_training_steps=2", *extra)
     if VERL_GRPO_KEYS[0] in extra:  # the KL term is in verl's update metrics, once per round
@@ -101,6 +102,7 @@ KL = ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_lo
               "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.kl_coef=0.5"]),
     ("groups", [*KL, "actor_rollout_ref.actor.kl_loss_type=kl"]),
 ])
+@pytest.mark.real_stack(runs=1)
 def test_verify_onpolicy_is_exact(tmp_path, train_unit, extra, verify_onpolicy):
     v, log = verify_onpolicy(tmp_path, train_unit, *extra)
     assert v["kl_loss"]
@@ -110,6 +112,7 @@ def test_verify_onpolicy_is_exact(tmp_path, train_unit, extra, verify_onpolicy):
     assert "[rolloutpipe] round 1 mode=cgp_fgd" in log
 
 
+@pytest.mark.real_stack(runs=1)
 def test_dynamic_sampling_trains_only_groups_with_reward_variance(tmp_path):
     """verl's ``algorithm.filter_groups``: groups whose K rewards are all equal are dropped and replaced by the
     next prompts (from the next dataloader batch), so every round still trains R groups, none with advantage 0."""

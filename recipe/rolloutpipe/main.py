@@ -107,7 +107,9 @@ def prepare_runtime(config: DictConfig, worker_env: dict[str, str] | None = None
             # a running cluster (`ray start` on every node; trainer.nnodes=N): the nodes declare their own resources
             ray.init(**kwargs)
             return
-        kwargs["include_dashboard"] = False
+        # a new local instance even when a `ray start` cluster runs on this machine (Ray would otherwise join the
+        # latest one it recorded): a cluster is joined only through RAY_ADDRESS, as above
+        kwargs.update(address="local", include_dashboard=False)
         if on_cpu():
             # verl asks for "GPU" bundles and several CPUs per worker: advertise logical slots (docs/cpu_stack.md).
             gpus = config.trainer.nnodes * config.trainer.n_gpus_per_node

@@ -45,6 +45,34 @@ def _pin_all_threads(pid: int, cpus: set[int]) -> int:
     return n
 
 
+def descendants(root: int) -> set[int]:
+    """``root`` and every live process below it, by parent pid (``/proc``)."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+        except OSError:  # exited meanwhile
+            continue
+        children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(proc.name))
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo += children.get(pid, [])
+    return found
+
+
+def this_ray_node() -> set[int] | None:
+    """The processes of the Ray node this process runs on (its raylet and everything below it: Ray's workers and the
+    vLLM processes they start), or None outside a Ray worker. Another Ray instance on the same machine (a second
+    run, a test running beside this one) is not this node's."""
+    raylet = os.environ.get("RAY_RAYLET_PID")
+    return descendants(int(raylet)) if raylet else None
+
+
 def _pool_of(title: str) -> str | None:
     return ("rollout" if title.startswith(ROLLOUT_TITLES) else
             "trainer" if title.startswith(TRAINER_TITLES) else None)
@@ -97,10 +125,12 @@ def cpu_seconds() -> dict[str, float]:
 
 
 def pin_pools(rollout_cpus: list[int], trainer_cpus: list[int]) -> dict[str, list[str]]:
-    """Pin every rollout-pool and trainer-pool process of this machine; returns ``{pool: [title (pid)]}``."""
+    """Pin every rollout-pool and trainer-pool process of this Ray node (of this machine outside Ray); returns
+    ``{pool: [title (pid)]}``."""
     pinned: dict[str, list[str]] = {"rollout": [], "trainer": []}
+    scope = this_ray_node()
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
+        if not proc.name.isdigit() or (scope is not None and int(proc.name) not in scope):
             continue
         pid, title = int(proc.name), _title(int(proc.name))
         pool = _pool_of(title)
