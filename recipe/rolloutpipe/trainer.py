@@ -388,8 +388,6 @@ class RolloutPipeTrainer(RayPPOTrainer):
     def _fit_send(self, run: _RoundRun, admissions: list) -> None:
         """The admitted groups' K requests each to vLLM, in one call per agent-loop worker (seeded per request when
         ``rolloutpipe.sampling_seed`` is set)."""
-        if not admissions:
-            return
         base = self.config.rolloutpipe.get("sampling_seed")
         run.stream.submit([
             GroupRequest(a.group_id, run.prompts.gen_row(a.group_id), a.priority, {"global_steps": self.global_steps},

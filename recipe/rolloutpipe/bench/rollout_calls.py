@@ -14,8 +14,8 @@ engine), three ways of sending the same round, interleaved round by round (order
 No optimizer step, no publication: what differs is the call pattern and what runs beside the rollout. Before each
 generation a fixed probe (a single-thread matmul and Python loop, best of three) times the rollout core while the pool
 is idle: the machine's own speed at that moment, to tell the host's drift from the call pattern's cost. Writes
-``<out_dir>/rollout_calls.json`` (per-round seconds, rollout-pool CPU seconds per process, paired ratios against
-``verl_batch`` with bootstrap CIs, ``git_commit``).
+``<out_dir>/rollout_calls.json`` (per-round seconds, CPU seconds per process outside the trainer pool, paired ratios
+against ``verl_batch`` with bootstrap CIs, ``git_commit``).
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ PATTERNS = ("verl_batch", "per_group", "group_stream", "one_call", "group_stream
 @ray.remote
 class RolloutCallsRunner:
     def run(self, config, rounds: int) -> dict:
-        from ..bench.runner import make_round
         from ..rollout_stream import SAMPLE_COLUMN, GroupRequest, GroupRolloutStream
         from ..runner import build_disaggregated_trainer
         from ..workloads import LengthProfile
         from .pinning import cpu_seconds, pin_pools
+        from .runner import make_round
 
         bench = config.rolloutpipe.bench
         trainer = build_disaggregated_trainer(config)
@@ -154,8 +154,9 @@ def speed_probe(cpu: int) -> float:
 
 
 def summarize(raw: dict) -> dict:
-    """Per pattern: median seconds, median rollout-pool CPU seconds per process, and the paired per-round ratio
-    against ``verl_batch`` (> 1: slower) with its bootstrap CI."""
+    """Per pattern: median seconds, median CPU seconds per process outside the trainer pool (the rollout pool's,
+    the driver's, Ray's daemons'), and the paired per-round ratio against ``verl_batch`` (> 1: slower) with its
+    bootstrap CI."""
     from .report import _bootstrap_median_ci
 
     base = raw["verl_batch"]["seconds"]
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"{s['corr_probe_vs_pool_cpu']:.2f}")
             continue
         lo, hi = s["ratio_ci"]
-        rollout = sum(v for k, v in s["cpu_s"].items() if k.startswith("rollout:"))
+        rollout = _pool_cpu(s["cpu_s"])
         other = {k.split(":")[0]: 0.0 for k in s["cpu_s"] if not k.startswith("rollout:")}
         for k, v in s["cpu_s"].items():
             if not k.startswith("rollout:"):
