@@ -37,8 +37,11 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from rolloutpipe_workers.actor_parts import ParamSnapshot, TokenSumGradients, fitting_micro_batch, local
 
-# the batch's meta key that says where π_old comes from in ``update_actor_in_round``: "live" | "snapshot" | "batch"
+# the batch's meta key that says where π_old comes from in ``update_actor_in_round`` and ``accumulate``: "live" |
+# "snapshot" | "batch"
 OLD_LOG_PROB_FROM = "rolloutpipe_old_log_prob_from"
+# ``accumulate``'s meta key: true when the call's groups close the optimizer step (the step is taken in the same call)
+STEP_AFTER = "rolloutpipe_step_after"
 
 
 class StreamingActorMixin:
@@ -89,24 +92,33 @@ class StreamingActorMixin:
         (``log_probs``, no padding, as ``compute_log_prob``) carrying the update's metrics, or verl's update output
         when π_old came with the batch."""
         from verl.utils import tensordict_utils as tu
-        from verl.workers.utils.padding import no_padding_2_padding
 
-        source = tu.pop(data, key=OLD_LOG_PROB_FROM, default="batch")
-        logp = None
-        if source != "batch":
-            infer = data.copy()  # the infer pass sets its own keys (micro-batch, compute_loss) on a shallow copy
-            tu.assign_non_tensor(infer, calculate_entropy=False, compute_loss=False)
-            logp = self._infer_snapshot(infer) if source == "snapshot" else self._infer(infer)
-            if logp is None:  # verl returns outputs only on a model-parallel group's source rank: all FSDP ranks are
-                raise RuntimeError("update_actor_in_round: π_old in the update call needs every rank to see its "
-                                   "log-probs (no sequence parallelism); send it with the batch instead")
-            data["old_log_probs"] = no_padding_2_padding(tu.get(logp, "log_probs"), data).float()
+        logp = self._old_log_probs_in_call(data, "update_actor_in_round")
         self._fit_micro_batches(data, self.actor.engine_config.micro_batch_size_per_gpu)
         with self._lr_schedule_held():
             update = self.actor.train_mini_batch(data=data)
         if update is None or logp is None:
             return update
         tu.assign_non_tensor(logp, metrics=tu.get(update, "metrics"))
+        return logp
+
+    def _old_log_probs_in_call(self, data, call: str):
+        """π_old where the batch's ``OLD_LOG_PROB_FROM`` says: ``live`` / ``snapshot`` -- computed here under weights
+        v and written into ``data`` as ``old_log_probs`` exactly as the driver would; returns the log-prob output
+        (``log_probs``, no padding, as ``compute_log_prob``); ``batch`` (default): already in the rows, None."""
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import no_padding_2_padding
+
+        source = tu.pop(data, key=OLD_LOG_PROB_FROM, default="batch")
+        if source == "batch":
+            return None
+        infer = data.copy()  # the infer pass sets its own keys (micro-batch, compute_loss) on a shallow copy
+        tu.assign_non_tensor(infer, calculate_entropy=False, compute_loss=False)
+        logp = self._infer_snapshot(infer) if source == "snapshot" else self._infer(infer)
+        if logp is None:  # verl returns outputs only on a model-parallel group's source rank: all FSDP ranks are one
+            raise RuntimeError(f"{call}: π_old in the training call needs every rank to see its log-probs (no "
+                               "sequence parallelism); send it with the batch instead")
+        data["old_log_probs"] = no_padding_2_padding(tu.get(logp, "log_probs"), data).float()
         return logp
 
     @contextmanager
@@ -158,22 +170,39 @@ class StreamingActorMixin:
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def accumulate(self, data):  # verl TensorDict in/out, as update_actor
         """Forward + backward on these complete groups through verl's own training path (``train_mini_batch``),
-        adding to the open step's gradients; the optimizer does not step. Returns verl's metrics of the call."""
+        adding to the open step's gradients. π_old as in ``update_actor_in_round`` (``OLD_LOG_PROB_FROM``: computed
+        here first, or with the batch); with ``STEP_AFTER`` the optimizer step that closes the step is taken in the
+        same call, else not. One call per dispatched group then, not three (π_old, accumulate, step). Returns verl's
+        metrics of the call (with the step's, when it stepped) -- on the log-prob output when π_old was computed here,
+        as ``update_actor_in_round``."""
         from verl.utils import tensordict_utils as tu
 
+        step_after = bool(tu.pop(data, key=STEP_AFTER, default=False))
+        logp = self._old_log_probs_in_call(data, "accumulate")
         # the call is one mini-batch of its own rows; global_batch_size stays the step's (U*K) for seq-mean modes
         tu.assign_non_tensor(data, mini_batch_size=data.shape[0] * self.actor.engine.get_data_parallel_size())
         self._fit_micro_batches(data, self.actor.engine_config.micro_batch_size_per_gpu)
         with self._accumulating():
             output = self.actor.train_mini_batch(data=data)
-        if output is not None:
-            tu.get(output, "metrics").pop("grad_norm", None)  # no step was taken: optimizer_step reports it
-        return output.cpu() if output is not None else None
+        step = self._optimizer_step() if step_after else {}
+        if output is None:
+            return None
+        metrics = tu.get(output, "metrics")
+        metrics.pop("grad_norm", None)  # no step was taken inside verl's update: the step reports it
+        metrics.update({k.split("/", 1)[1]: v for k, v in step.items()})  # the driver prefixes actor/ (verl's)
+        if logp is None:
+            return output.cpu()
+        tu.assign_non_tensor(logp, metrics=metrics)
+        return logp
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def optimizer_step(self) -> dict[str, float]:
-        """Close the open step: gradients = token sum / the step's tokens (token-mean), then verl's clip + step. The
-        LR scheduler steps once per round, in ``end_round``, as in verl's trainer."""
+        """Close the open step (a step whose last dispatch brought no rows)."""
+        return self._optimizer_step()
+
+    def _optimizer_step(self) -> dict[str, float]:
+        """Gradients = token sum / the step's tokens (token-mean), then verl's clip + step. The LR scheduler steps
+        once per round, in ``end_round``, as in verl's trainer."""
         eng = self.actor.engine
         with eng.train_mode():
             tokens = self._step_grads.close(list(self._params().values()))

@@ -553,28 +553,36 @@ class RolloutPipeTrainer(RayPPOTrainer):
         """``train_unit: step``: the whole step (its U groups) in one worker call, verl's update with π_old computed
         in the same call (``update_actor_in_round``); with π_old from the rollout, or with sequence parallelism
         (π_old then needs a call of its own), the rows bring it."""
+        return self._train_call(rows, step_index, self.actor_rollout_wg.update_actor_in_round)
+
+    def _train_call(self, rows: DataProto, step_index: int, worker_call, **meta) -> DataProto:
+        """One training call through verl's ``_update_actor`` routed to ``worker_call`` (``update_actor_in_round`` or
+        ``accumulate``), with π_old computed in the same call where it can be (``OLD_LOG_PROB_FROM``), else first in
+        a call of its own; ``meta``: more meta keys for the worker. Returns verl's update output."""
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import no_padding_2_padding
 
         from rolloutpipe_workers.streaming_actor import OLD_LOG_PROB_FROM  # worker module: import where used
 
-        # π_old in the update call, unless a KL penalty in the reward needs it before the advantages
+        # π_old in the training call, unless a KL penalty in the reward needs it before the advantages
         in_call = self.pipe.old_log_prob == "snapshot" and self._fused_update and self._reward_kl is None
         _count_tokens(rows)
         rows = self._with_ref_log_probs(rows if in_call else self._with_old_log_probs(rows, step_index))
         rows = self._with_kl_in_reward(rows)
-        rows.meta_info[OLD_LOG_PROB_FROM] = ("live" if step_index == 0 else "snapshot") if in_call else "batch"
-        update, sent = self.actor_rollout_wg.update_actor_in_round, {}
+        meta[OLD_LOG_PROB_FROM] = ("live" if step_index == 0 else "snapshot") if in_call else "batch"
+        rows.meta_info.update(meta)
+        sent = {}
 
         def update_actor(batch_td):  # verl's _update_actor builds the call; keep what π_old needs back here
-            sent["td"], sent["out"] = batch_td, update(batch_td)
+            sent["td"], sent["out"] = batch_td, worker_call(batch_td)
             return sent["out"]
 
         try:
             with self._routed("update_actor", update_actor):
                 out = self._update_actor(rows)
         finally:
-            rows.meta_info.pop(OLD_LOG_PROB_FROM)
+            for key in meta:
+                rows.meta_info.pop(key)
         if in_call:  # π_old back in the rows, padded as verl's _compute_old_log_prob returns it (metrics, checks)
             rows.batch["old_log_probs"] = no_padding_2_padding(tu.get(sent["out"], "log_probs"), sent["td"]).float()
         return out
@@ -586,18 +594,21 @@ class RolloutPipeTrainer(RayPPOTrainer):
 
     def _train_groups(self, rows: DataProto | None, d) -> DataProto | None:  # a pipeline Dispatch
         """``train_unit: groups``: forward + backward on the groups there are now (verl's update path, routed to the
-        worker's ``accumulate``); the optimizer steps when the dispatch closes the step. Returns the step's metrics
-        then, else None."""
+        worker's ``accumulate``), π_old and -- when the dispatch closes the step -- the optimizer step in the same
+        call. Returns the step's metrics then, else None."""
+        from rolloutpipe_workers.streaming_actor import STEP_AFTER  # worker module: import where used
+
         if rows is not None:
-            _count_tokens(rows)
-            rows = self._with_kl_in_reward(self._with_ref_log_probs(self._with_old_log_probs(rows, d.step_index)))
-            with self._routed("update_actor", "accumulate"):
-                self._step_metrics.append(self._update_actor(rows))
+            self._step_metrics.append(self._train_call(rows, d.step_index, self.actor_rollout_wg.accumulate,
+                                                       **{STEP_AFTER: d.ends_step}))
         if not d.ends_step:
             return None
         calls, self._step_metrics = self._step_metrics, []
         metrics = reduce_metrics(merge_metric_lists([c.meta_info["metrics"] for c in calls]))
-        metrics.update(self.actor_rollout_wg.optimizer_step()[0])
+        if rows is None:  # a step closed by a dispatch without rows: the step in a call of its own
+            metrics.update(self.actor_rollout_wg.optimizer_step()[0])
+        else:  # taken in the last call, whose metrics verl's _update_actor prefixed with actor/
+            metrics[PREFIX + "step_tokens"] = metrics.pop("actor/step_tokens")
         return DataProto.from_single_dict(data={}, meta_info={"metrics": metrics})
 
     # ---- metrics ------------------------------------------------------------------------------------------------
