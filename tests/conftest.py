@@ -73,6 +73,11 @@ def _run_and_check(tmp_path: Path, train_unit: str, *overrides: str,
         assert v["max_abs_ref_logprob_diff"] == 0.0 and v["ref_vs_old_logprob_gap"] <= 1e-4
         kl = v["kl_loss_per_step"]
         assert None not in kl and max(abs(x) for x in kl[1:]) > 10 * abs(kl[0]), kl
+    pool_calls = v["trainer_pool_calls"]
+    trained_in = "update_actor_in_round" if train_unit == "step" else "accumulate"
+    assert pool_calls[trained_in] == sum(v["calls_per_step"]), pool_calls  # one worker call per dispatch
+    if not v["kl_in_reward"]:  # π_old (and with groups, the closing optimizer step) inside that call: no other
+        assert set(pool_calls) == {trained_in}, pool_calls
     if train_unit == "step":  # one verl update per step, the serial step's exact shapes: identical numbers
         assert v["calls_per_step"] == [1, 1, 1, 1]
         assert v["max_abs_weight_diff"] == 0.0 and v["max_abs_grad_diff"] == 0.0  # DESIGN.md §2.3: aim for 0

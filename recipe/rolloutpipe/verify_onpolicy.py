@@ -42,6 +42,7 @@ import json
 import math
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -224,6 +225,32 @@ def verify_in_trainer(trainer) -> dict:  # a RolloutPipeTrainer, workers started
 SAMPLING_LOGPROB_TOLERANCE = 1e-4
 
 
+# the streaming worker's training-side calls a round can make (rolloutpipe_workers/streaming_actor.py)
+TRAINER_POOL_CALLS = ("update_actor_in_round", "accumulate", "optimizer_step", "compute_log_prob_live",
+                      "compute_log_prob_snapshot")
+
+
+@contextmanager
+def _counting_calls(wg) -> Iterator[Counter]:
+    """Count the worker group's ``TRAINER_POOL_CALLS`` made inside the block."""
+    calls: Counter = Counter()
+    saved = {name: getattr(wg, name) for name in TRAINER_POOL_CALLS}
+
+    def counted(name: str, call: Callable) -> Callable:
+        def counting(*args, **kwargs):
+            calls[name] += 1
+            return call(*args, **kwargs)
+        return counting
+
+    for name, call in saved.items():
+        setattr(wg, name, counted(name, call))
+    try:
+        yield calls
+    finally:
+        for name, call in saved.items():
+            setattr(wg, name, call)
+
+
 def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: dict,
                  stale_publish: bool = False) -> dict:
     """One pipelined round from the round's start state (with the off-policy bug injected if ``stale_publish``),
@@ -233,7 +260,7 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
     trainer.checkpoint_manager.update_weights(0)
     wg.record_step_grads(True)
     batch = first_batch()
-    with _publishing_after_first_step(trainer) if stale_publish else nullcontext():
+    with _publishing_after_first_step(trainer) if stale_publish else nullcontext(), _counting_calls(wg) as pool_calls:
         result = trainer.fit_round(batch)
     trained, step_outputs, calls = result.trained, result.step_outputs, result.calls_per_step
     reward_kl = result.metrics.get("actor/reward_kl_penalty")  # algorithm.use_kl_in_reward: the round's mean KL
@@ -321,6 +348,7 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
             for step in rows.batch["advantages"].split(rows_per_step)],
         "R": R, "U": U, "K": k, "optimizer_steps": len(pipe_grads),
         "train_unit": trainer.pipe.train_unit, "calls_per_step": calls,
+        "trainer_pool_calls": dict(pool_calls),  # the pipelined round's training-side worker calls, by method
     }
     if replay is not None:
         weights, grads = replay
