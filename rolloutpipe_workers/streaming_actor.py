@@ -189,7 +189,7 @@ class StreamingActorMixin:
             return None
         metrics = tu.get(output, "metrics")
         metrics.pop("grad_norm", None)  # no step was taken inside verl's update: the step reports it
-        metrics.update({k.split("/", 1)[1]: v for k, v in step.items()})  # the driver prefixes actor/ (verl's)
+        metrics.update(step)  # bare names: verl's _update_actor on the driver prefixes actor/
         if logp is None:
             return output.cpu()
         tu.assign_non_tensor(logp, metrics=metrics)
@@ -197,18 +197,20 @@ class StreamingActorMixin:
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def optimizer_step(self) -> dict[str, float]:
-        """Close the open step (a step whose last dispatch brought no rows)."""
-        return self._optimizer_step()
+        """Close the open step (a step whose last dispatch brought no rows); the metrics under their logged names."""
+        step = self._optimizer_step()
+        return {"actor/grad_norm": step["grad_norm"], "actor/lr": step["lr"],
+                "rolloutpipe/step_tokens": step["step_tokens"]}
 
     def _optimizer_step(self) -> dict[str, float]:
         """Gradients = token sum / the step's tokens (token-mean), then verl's clip + step. The LR scheduler steps
-        once per round, in ``end_round``, as in verl's trainer."""
+        once per round, in ``end_round``, as in verl's trainer. Returns verl's bare metric names (no ``actor/``)."""
         eng = self.actor.engine
         with eng.train_mode():
             tokens = self._step_grads.close(list(self._params().values()))
             grad_norm = eng.optimizer_step()
             lr = eng.lr_scheduler.get_last_lr()[0] if eng.lr_scheduler is not None else float("nan")
-        return {"actor/grad_norm": float(grad_norm), "actor/lr": float(lr), "rolloutpipe/step_tokens": float(tokens)}
+        return {"grad_norm": float(grad_norm), "lr": float(lr), "step_tokens": float(tokens)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def end_round(self) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from recipe.rolloutpipe.bench.pinning import descendants
+from recipe.rolloutpipe.bench.pinning import descendants, process_title
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUND = re.compile(r"\[rolloutpipe\] round (\d+) mode=sync")
@@ -40,14 +40,7 @@ def _run(cmd: list[str]) -> str:
 def _pids(title: str, root: int) -> list[int]:
     """The processes titled ``title`` below ``root`` (the run's driver: its Ray instance and workers), not another
     run's beside it (the suite runs two tests at a time)."""
-    pids = []
-    for pid in sorted(descendants(root)):
-        try:
-            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(title.encode()):
-                pids.append(pid)
-        except OSError:
-            pass
-    return pids
+    return [pid for pid in sorted(descendants(root)) if process_title(pid).startswith(title)]
 
 
 # 90th percentile of |vLLM log-prob - trainer log-prob| over a round's response tokens under the same weights:

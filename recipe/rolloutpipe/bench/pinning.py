@@ -27,7 +27,8 @@ def pool_env(rollout_cpus: list[int], trainer_cpus: list[int]) -> dict[str, str]
             "OMP_NUM_THREADS": str(len(trainer_cpus))}
 
 
-def _title(pid: int) -> str:
+def process_title(pid: int) -> str:
+    """``pid``'s command line as one string (its title for Ray's and vLLM's workers); "" once it has gone."""
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
@@ -114,7 +115,7 @@ def cpu_seconds() -> dict[str, float]:
             stat = (proc / "stat").read_text()
         except OSError:
             continue
-        cmdline = _title(int(proc.name))
+        cmdline = process_title(int(proc.name))
         comm = stat[stat.index("(") + 1: stat.rindex(")")]
         name = (cmdline.split(" ")[0] if cmdline.startswith(("ray::", "VLLM::")) else comm).split(".")[0]
         name = name.split("/")[0] if not cmdline else name  # kworker/u8:2-events -> kworker
@@ -132,7 +133,7 @@ def pin_pools(rollout_cpus: list[int], trainer_cpus: list[int]) -> dict[str, lis
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or (scope is not None and int(proc.name) not in scope):
             continue
-        pid, title = int(proc.name), _title(int(proc.name))
+        pid, title = int(proc.name), process_title(int(proc.name))
         pool = _pool_of(title)
         if pool is None:
             continue
