@@ -56,12 +56,13 @@ def test_profile_config_errors_name_the_keys():
     assert parse_lengths("3,17,192") == [3, 17, 192]
 
 
-def _round(end: float, wait: float, first: float, busy: float, rollout: float, i: int = 1) -> dict:
+def _round(end: float, wait: float, first: float, busy: float, rollout: float, i: int = 1,
+           forward_cpu: float = 3.0) -> dict:
     m = {"rollout_to_train_end_s": end, "trainer_wait_ratio": wait, "first_dispatch_s": first,
          "trainer_busy_s": busy, "rollout_s": rollout, "overlap_efficiency": 0.5}
     return {"round": i, "warmup": False, "wall_s": end + 0.1, "timeline": "/nonexistent", "workload_shape": {},
             "lengths_honoured": 1.0, "metrics": {"rolloutpipe/" + k: v for k, v in m.items()},
-            "cpu_s": {"rollout:VLLM::Worker": 3.0, "kernel:kworker": 0.5, "ray_daemons:raylet": 0.25}}
+            "cpu_s": {"rollout:VLLM::Worker": forward_cpu, "kernel:kworker": 0.5, "ray_daemons:raylet": 0.25}}
 
 
 def test_summary_compares_each_mode_with_verl_and_sync_of_the_same_round():
@@ -72,7 +73,7 @@ def test_summary_compares_each_mode_with_verl_and_sync_of_the_same_round():
         {"workload": "w", "R": 8, "mode": "sync", "rounds": [
             warm, _round(10, 0.5, 4, 5, 4, 1), _round(12, 0.5, 5, 5, 6, 2), _round(11, 0.5, 6, 5, 5, 3)]},
         {"workload": "w", "R": 8, "mode": "cgp", "rounds": [
-            _round(6, 0.2, 1, 5, 5, 1), _round(8, 0.3, 2, 5, 5, 2), _round(8, 0.1, 3, 5, 5, 3)]},
+            _round(6, 0.2, 1, 5, 5, 1, 3.3), _round(8, 0.3, 2, 5, 5, 2, 3.6), _round(8, 0.1, 3, 5, 5, 3, 3.9)]},
     ]}
     recs = {r["mode"]: r for r in summarize(raw)["records"]}
     assert recs["sync"]["rollout_to_train_end_s"] == 11 and recs["sync"]["rounds"] == 3  # warm-up left out
@@ -91,10 +92,35 @@ def test_summary_compares_each_mode_with_verl_and_sync_of_the_same_round():
     assert recs["cgp"]["wait_ratio_reduction_vs_sync"] == pytest.approx(1 - 0.2 / 0.5)
     assert recs["cgp"]["first_dispatch_spread_s"] == pytest.approx(2)
     assert recs["sync"]["no_work_s"] == pytest.approx(11 - 5 - 5)  # median of (1, 1, 1)
-    assert recs["cgp"]["cpu_s_per_round"] == {"rollout": 3.0, "trainer": 0.0, "driver": 0.0, "ray_daemons": 0.25,
+    assert recs["cgp"]["cpu_s_per_round"] == {"rollout": 3.6, "trainer": 0.0, "driver": 0.0, "ray_daemons": 0.25,
                                               "kernel": 0.5, "other": 0.0}
+    # the same round's forward on the rollout core: 3.3, 3.6, 3.9 CPU-s against stock's 3.0 -> median 1.2
+    assert recs["cgp"]["rollout_cpu_s_by_process"] == {"VLLM::Worker": 3.6}
+    assert recs["cgp"]["forward_cpu_vs_stock"] == pytest.approx(1.2) and "forward_cpu_vs_stock" not in recs["stock"]
     text = markdown(summarize(raw))
     assert "| w | 8 | 4.0 (saturated) | cgp |" in text and "faster" in text
+    assert "| w | 8 | cgp | 3.60 | 1.20 |" in text
+    # the same round's rollout against verl's: 5 s against 8 s in every round; no compute recorded -> no ratio
+    assert recs["cgp"]["rollout_vs_stock"] == pytest.approx(5 / 8) and recs["cgp"]["rollout_vs_stock_ci"] == [
+        pytest.approx(5 / 8)] * 2
+    assert recs["cgp"]["worker_compute_vs_stock"] != recs["cgp"]["worker_compute_vs_stock"]  # NaN
+    assert "rollout_vs_cgp" not in recs["cgp"]  # FGD's comparisons with FCFS only for cgp_fgd modes
+
+
+def test_fgd_is_compared_with_fcfs_on_the_same_round():
+    raw = {"settings": {"K": 8, "U": 2, "max_num_seqs": 16}, "results": [
+        {"workload": "w", "R": 8, "mode": "stock", "rounds": [_round(20, 0.5, 8, 8, 8, i) for i in (1, 2, 3)]},
+        {"workload": "w", "R": 8, "mode": "cgp", "rounds": [
+            _round(10, 0.2, 2.0, 5, 8, 1), _round(10, 0.2, 3.0, 5, 10, 2), _round(10, 0.2, 2.5, 5, 9, 3)]},
+        {"workload": "w", "R": 8, "mode": "cgp_fgd:hold", "rounds": [
+            _round(9, 0.2, 1.5, 5, 8.4, 1), _round(9, 0.2, 2.0, 5, 10, 2), _round(9, 0.2, 3.0, 5, 9.9, 3)]},
+    ]}
+    fgd = {r["mode"]: r for r in summarize(raw)["records"]}["cgp_fgd:hold"]
+    assert fgd["rollout_vs_cgp"] == pytest.approx(1.05)  # 8.4/8, 10/10, 9.9/9 -> 1.05, 1.0, 1.1
+    assert fgd["first_group_vs_cgp_s"] == pytest.approx(-0.5)  # -0.5, -1.0, +0.5
+    assert fgd["rollout_vs_stock"] == pytest.approx(9.9 / 8)  # 8.4/8, 10/8, 9.9/8
+    assert "| w | 8 | cgp_fgd:hold | 1.24 [1.05, 1.25] | – | 1.05 [1.00, 1.10] | -0.50 [-1.00, 0.50] |" in markdown(
+        summarize(raw))
 
 
 def test_cpu_is_attributed_to_whose_process_it_is():

@@ -13,6 +13,8 @@ from ..pipeline import PREFIX, RoundTimeline, plot_gantt
 from ..pipeline.modes import STOCK
 from .pinning import CPU_CATEGORIES
 
+FORWARD = "rollout:VLLM::Worker"  # the rollout pool's process that runs the model (vLLM's CPU worker)
+
 METRICS = ("rollout_to_train_end_s", "trainer_wait_ratio", "first_dispatch_s", "overlap_efficiency",
            "trainer_busy_s", "rollout_s", "ideal_s", "serial_estimate_s", "trainer_wait_before_first_s", "publish_s",
            "old_log_prob_s", "worker_compute_s", "call_overhead_s", "call_overhead_share")
@@ -61,12 +63,17 @@ def _bootstrap_median_ci(xs: list[float], seed: int = 0) -> list[float]:
     return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
 
 
-def _paired_reduction(rounds: list[dict], base: list[dict]) -> tuple[float, list[float], list[float]]:
-    """1 - T_mode / T_base per round (same round index: same prompts, lengths and start state), their median and
-    its bootstrap CI."""
-    key = PREFIX + "rollout_to_train_end_s"
-    by_round = {r["round"]: r["metrics"][key] for r in base}
-    per_round = [1 - r["metrics"][key] / by_round[r["round"]] for r in rounds if r["round"] in by_round]
+def _paired(rounds: list[dict], base: list[dict], key: str = "rollout_to_train_end_s",
+            compare: str = "reduction") -> tuple[float, list[float], list[float]]:
+    """Per round against ``base``'s run of the same round (same round index: same prompts, lengths and start
+    state), on metric ``key``: ``reduction`` 1 - x / x_base, ``ratio`` x / x_base or ``difference`` x - x_base;
+    their median and its bootstrap CI, and the per-round values."""
+    key, nan = PREFIX + key, float("nan")
+    by_round = {r["round"]: r["metrics"].get(key, nan) for r in base}
+    pairs = [(r["metrics"].get(key, nan), by_round[r["round"]]) for r in rounds if r["round"] in by_round]
+    per_round = [x - b if compare == "difference" else x / b if b else nan for x, b in pairs]
+    if compare == "reduction":
+        per_round = [1 - x for x in per_round]
     return _median(per_round), _bootstrap_median_ci(per_round), per_round
 
 
@@ -115,6 +122,9 @@ def summarize(raw: dict) -> dict[str, Any]:
         rec["cpu_s_per_round"] = {cat: round(_median([sum(v for key, v in r.get("cpu_s", {}).items()
                                                          if key.startswith(cat + ":")) for r in rounds]), 3)
                                   for cat in CPU_CATEGORIES}
+        procs = sorted({key for r in rounds for key in r.get("cpu_s", {}) if key.startswith("rollout:")})
+        rec["rollout_cpu_s_by_process"] = {key.split(":", 1)[1]: round(_median([r.get("cpu_s", {}).get(key, 0.0)
+                                                                                for r in rounds]), 3) for key in procs}
         records.append(rec)
     by_setting = {(s["workload"], s["R"], s["mode"]): _measured(s) for s in raw["results"]}
     sync = {(r["workload"], r["R"]): r for r in records if r["mode"] == "sync"}
@@ -124,7 +134,7 @@ def summarize(raw: dict) -> dict[str, Any]:
         stock = by_setting.get((w, r_, STOCK))
         if stock:
             rec["reduction_vs_verl"], rec["reduction_vs_verl_ci"], rec["reduction_vs_verl_per_round"] = (
-                _paired_reduction(rounds, stock))
+                _paired(rounds, stock))
             lo, hi = rec["reduction_vs_verl_ci"]
             rec["verdict_vs_verl"] = "faster" if lo > 0 else "slower" if hi < 0 else "no difference shown"
             if rec["mode"] != STOCK:
@@ -135,11 +145,24 @@ def summarize(raw: dict) -> dict[str, Any]:
                 rec["overlap_efficiency"] = _median([
                     overlap_efficiency_vs_stock(x, stock_rounds[x["round"]], sync_rounds.get(x["round"]), share)
                     for x in rounds if x["round"] in stock_rounds])
+                # issue 14's per-round targets: the rollout and the trainer's compute against verl's on the same round
+                rec["rollout_vs_stock"], rec["rollout_vs_stock_ci"], _ = _paired(rounds, stock, "rollout_s", "ratio")
+                rec["worker_compute_vs_stock"], rec["worker_compute_vs_stock_ci"], _ = _paired(
+                    rounds, stock, "worker_compute_s", "ratio")
+                # interference: the model's forward (vLLM's worker) on the same round's tokens, CPU against stock's
+                rec["forward_cpu_vs_stock"] = _median([
+                    x["cpu_s"][FORWARD] / stock_rounds[x["round"]]["cpu_s"][FORWARD] for x in rounds
+                    if x["round"] in stock_rounds and x.get("cpu_s", {}).get(FORWARD)
+                    and stock_rounds[x["round"]].get("cpu_s", {}).get(FORWARD)])
+        cgp = by_setting.get((w, r_, "cgp"))
+        if cgp and rec["mode"].startswith("cgp_fgd"):  # FGD against FCFS on the same round: rollout, first group
+            rec["rollout_vs_cgp"], rec["rollout_vs_cgp_ci"], _ = _paired(rounds, cgp, "rollout_s", "ratio")
+            rec["first_group_vs_cgp_s"], rec["first_group_vs_cgp_s_ci"], _ = _paired(
+                rounds, cgp, "first_dispatch_s", "difference")
         base = sync.get((w, r_))
         if base is None:
             continue
-        rec["reduction_vs_sync"], rec["reduction_vs_sync_ci"], _ = _paired_reduction(rounds,
-                                                                                      by_setting[(w, r_, "sync")])
+        rec["reduction_vs_sync"], rec["reduction_vs_sync_ci"], _ = _paired(rounds, by_setting[(w, r_, "sync")])
         rec["wait_ratio_reduction_vs_sync"] = (1 - rec["trainer_wait_ratio"] / base["trainer_wait_ratio"]
                                                if base["trainer_wait_ratio"] > 0 else float("nan"))
         rec["rollout_train_ratio_sync"] = base["rollout_s"] / base["trainer_busy_s"]
@@ -174,9 +197,9 @@ def _fmt(x: float, pct: bool = False) -> str:
     return f"{100 * x:.0f}%" if pct else f"{x:.2f}"
 
 
-def _ci(r: dict, key: str) -> str:
-    ci = r.get(key + "_ci")
-    return f"{_fmt(r.get(key, float('nan')), True)} [{_fmt(ci[0], True)}, {_fmt(ci[1], True)}]" if ci else "–"
+def _ci(r: dict, key: str, pct: bool = True) -> str:
+    x, ci = r.get(key, float("nan")), r.get(key + "_ci")
+    return f"{_fmt(x, pct)} [{_fmt(ci[0], pct)}, {_fmt(ci[1], pct)}]" if ci and x == x else "–"
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -191,6 +214,18 @@ def markdown(summary: dict[str, Any]) -> str:
             f"{_ci(r, 'reduction_vs_verl')} | {r.get('verdict_vs_verl', '–')} | {_ci(r, 'reduction_vs_sync')} | "
             f"{_fmt(r['trainer_wait_ratio'], True)} | {_fmt(r['first_dispatch_s'])} | {_fmt(r['rollout_s'])} | "
             f"{_fmt(r.get('overlap_efficiency', float('nan')))} |")
+    paired = [r for r in summary["records"] if "rollout_vs_stock" in r]
+    if paired:
+        lines += ["", "Per round against verl's (`stock`) and `cgp`'s run of the same round (median ratio or "
+                  "difference, 95 % CI): the rollout and the trainer pool's compute against verl's (issue 14's "
+                  "targets: within 10 %), and for FGD its rollout against FCFS's (within 5 %) and its first trainable "
+                  "group's arrival against FCFS's (earlier: below 0).", "",
+                  "| workload | R | mode | rollout / stock's | trainer compute / stock's | rollout / cgp's | "
+                  "first group − cgp's (s) |", "|---" * 7 + "|"]
+        for r in paired:
+            lines.append(f"| {r['workload']} | {r['R']} | {r['mode']} | {_ci(r, 'rollout_vs_stock', False)} | "
+                         f"{_ci(r, 'worker_compute_vs_stock', False)} | {_ci(r, 'rollout_vs_cgp', False)} | "
+                         f"{_ci(r, 'first_group_vs_cgp_s', False)} |")
     if summary.get("rollout_vs_R"):
         lines += ["", "Rollout time against R (serial modes, medians): least-squares line and R².", "",
                   "| workload | mode | R | rollout (s) | s per group | intercept (s) | R² |", "|---" * 7 + "|"]
@@ -214,6 +249,18 @@ def markdown(summary: dict[str, Any]) -> str:
         cpu = r.get("cpu_s_per_round", {})
         lines.append(f"| {r['workload']} | {r['R']} | {r['mode']} | "
                      + " | ".join(_fmt(cpu.get(c, float("nan"))) for c in CPU_CATEGORIES) + " |")
+    procs = sorted({p for r in summary["records"] for p in r.get("rollout_cpu_s_by_process", {})})
+    if procs:
+        lines += ["", "The rollout pool's CPU seconds per round by process (medians), and vLLM's forward (its worker) "
+                  "on the same round's tokens against `stock`'s: above 1, the same work costs more CPU while the "
+                  "trainer runs on the other core (interference no schedule removes; paired per round, median):", "",
+                  "| workload | R | mode | " + " | ".join(procs) + " | forward CPU vs stock |",
+                  "|---" * (4 + len(procs)) + "|"]
+        for r in summary["records"]:
+            by = r.get("rollout_cpu_s_by_process", {})
+            lines.append(f"| {r['workload']} | {r['R']} | {r['mode']} | "
+                         + " | ".join(_fmt(by.get(p, float("nan"))) for p in procs)
+                         + f" | {_fmt(r.get('forward_cpu_vs_stock', float('nan')))} |")
     lines += ["", "The trainer pool's calls: compute inside the worker (verl's train/infer) and the rest of the calls' "
               "wall time (Ray round trip, (de)serialisation, verl's and the driver's batch preparation), per round, "
               "medians:", "",
