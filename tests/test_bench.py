@@ -59,7 +59,7 @@ def test_profile_config_errors_name_the_keys():
 def _round(end: float, wait: float, first: float, busy: float, rollout: float, i: int = 1,
            forward_cpu: float = 3.0) -> dict:
     m = {"rollout_to_train_end_s": end, "trainer_wait_ratio": wait, "first_dispatch_s": first,
-         "trainer_busy_s": busy, "rollout_s": rollout, "overlap_efficiency": 0.5}
+         "trainer_busy_s": busy, "rollout_s": rollout, "overlap_efficiency": 0.5, "ideal_s": rollout + 1}
     return {"round": i, "warmup": False, "wall_s": end + 0.1, "timeline": "/nonexistent", "workload_shape": {},
             "lengths_honoured": 1.0, "metrics": {"rolloutpipe/" + k: v for k, v in m.items()},
             "cpu_s": {"rollout:VLLM::Worker": forward_cpu, "kernel:kworker": 0.5, "ray_daemons:raylet": 0.25}}
@@ -92,6 +92,8 @@ def test_summary_compares_each_mode_with_verl_and_sync_of_the_same_round():
     assert recs["cgp"]["wait_ratio_reduction_vs_sync"] == pytest.approx(1 - 0.2 / 0.5)
     assert recs["cgp"]["first_dispatch_spread_s"] == pytest.approx(2)
     assert recs["sync"]["no_work_s"] == pytest.approx(11 - 5 - 5)  # median of (1, 1, 1)
+    # busy 5 s of at least ideal_s = 6 s: the least waiting these rounds allow is 1/6
+    assert recs["cgp"]["trainer_wait_floor"] == pytest.approx(1 / 6)
     assert recs["cgp"]["cpu_s_per_round"] == {"rollout": 3.6, "trainer": 0.0, "driver": 0.0, "ray_daemons": 0.25,
                                               "kernel": 0.5, "other": 0.0}
     # the same round's forward on the rollout core: 3.3, 3.6, 3.9 CPU-s against stock's 3.0 -> median 1.2
