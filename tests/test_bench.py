@@ -224,3 +224,23 @@ def test_rollout_time_against_r_is_fitted_per_workload():
     (fit,) = rollout_vs_r(recs)
     assert fit["mode"] == "stock" and fit["s_per_group"] == pytest.approx(0.5)
     assert fit["intercept_s"] == pytest.approx(1) and fit["r2"] == pytest.approx(1)
+
+
+def test_long_prompts_keep_each_problem_and_reach_the_asked_length(tmp_path):
+    import pandas as pd
+
+    from recipe.rolloutpipe.bench.long_prompts import write_long_prompts
+    from recipe.rolloutpipe.prepare import default_dir, ensure_default
+
+    ensure_default()
+    info = write_long_prompts(tmp_path, 120)
+    assert 115 <= info["min_tokens"] <= info["max_tokens"] <= 125 and info["max_prompt_length"] >= info["max_tokens"]
+    for split in ("train", "val"):
+        before = pd.read_parquet(default_dir() / f"{split}.parquet")
+        after = pd.read_parquet(tmp_path / f"{split}.parquet")
+        assert len(after) == len(before)
+        assert [list(p)[1:] for p in after["prompt"]] == [list(p) for p in before["prompt"]]  # the problem, unchanged
+        assert {p[0]["role"] for p in after["prompt"]} == {"system"}
+        assert list(after["reward_model"]) == list(before["reward_model"])
+    with pytest.raises(ValueError, match="--tokens 5 is not above"):
+        write_long_prompts(tmp_path / "short", 5)
