@@ -258,8 +258,8 @@ def markdown(summary: dict[str, Any]) -> str:
     procs = sorted({p for r in summary["records"] for p in r.get("rollout_cpu_s_by_process", {})})
     if procs:
         lines += ["", "The rollout pool's CPU seconds per round by process (medians), and vLLM's forward (its worker) "
-                  "on the same round's tokens against `stock`'s: above 1, the same work costs more CPU while the "
-                  "trainer runs on the other core (interference no schedule removes; paired per round, median):", "",
+                  "on the same round's tokens against `stock`'s (paired per round, median): above 1, the same work "
+                  "cost more CPU than in verl's run of the round -- the trainer beside it, or the host's drift:", "",
                   "| workload | R | mode | " + " | ".join(procs) + " | forward CPU vs stock |",
                   "|---" * (4 + len(procs)) + "|"]
         for r in summary["records"]:
