@@ -42,6 +42,8 @@ from rolloutpipe_workers.actor_parts import ParamSnapshot, TokenSumGradients, fi
 OLD_LOG_PROB_FROM = "rolloutpipe_old_log_prob_from"
 # ``accumulate``'s meta key: true when the call's groups close the optimizer step (the step is taken in the same call)
 STEP_AFTER = "rolloutpipe_step_after"
+# verl actor methods the compute clock (``pop_compute_seconds``) times
+COMPUTE_FUNCTIONS = ("infer_batch", "train_mini_batch")
 
 
 class StreamingActorMixin:
@@ -317,24 +319,25 @@ class StreamingActorMixin:
 
     # ---- compute time inside this worker (the benchmark's per-call overhead = a call's wall time minus this) -------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def pop_compute_seconds(self) -> float:
-        """Seconds spent in verl's ``train_mini_batch`` / ``infer_batch`` (every update, accumulate and log-prob
-        call runs through them) since the last call; the first call starts the clock. Everything else in a worker
-        call's wall time -- Ray's round trip, (de)serialising the batch, verl's dispatch -- is per-call overhead."""
+    def pop_compute_seconds(self) -> dict[str, float]:
+        """Seconds spent in verl's ``infer_batch`` (π_old) and ``train_mini_batch`` (forward + backward + step) since
+        the last call, by function (every update, accumulate and log-prob call runs through them); the first call
+        starts the clock. Everything else in a worker call's wall time -- Ray's round trip, (de)serialising the
+        batch, verl's dispatch -- is per-call overhead."""
         if not hasattr(self, "_rp_compute_s"):
-            self._rp_compute_s = 0.0
-            for name in ("train_mini_batch", "infer_batch"):
+            self._rp_compute_s = {name: 0.0 for name in COMPUTE_FUNCTIONS}
+            for name in COMPUTE_FUNCTIONS:
                 verl_fn = getattr(self.actor, name)
 
-                def timed(*args, _verl_fn=verl_fn, **kwargs):
+                def timed(*args, _verl_fn=verl_fn, _name=name, **kwargs):
                     t0 = time.perf_counter()
                     try:
                         return _verl_fn(*args, **kwargs)
                     finally:
-                        self._rp_compute_s += time.perf_counter() - t0
+                        self._rp_compute_s[_name] += time.perf_counter() - t0
 
                 setattr(self.actor, name, timed)  # this instance only; verl's class is untouched
-        seconds, self._rp_compute_s = self._rp_compute_s, 0.0
+        seconds, self._rp_compute_s = self._rp_compute_s, {name: 0.0 for name in COMPUTE_FUNCTIONS}
         return seconds
 
 

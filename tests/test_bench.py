@@ -210,6 +210,10 @@ def test_bench_runs_all_modes_on_the_real_stack(tmp_path):
     for res in raw_rounds:  # the worker's compute is part of the trainer's call time, the rest is overhead
         m = res["rounds"][0]["metrics"]
         assert 0 < m["rolloutpipe/worker_compute_s"] < m["rolloutpipe/trainer_busy_s"], (res["mode"], m)
+        # both parts timed: π_old (infer) and the update (train) each ran on the worker in every mode
+        assert m["rolloutpipe/worker_infer_s"] > 0 and m["rolloutpipe/worker_train_s"] > 0, (res["mode"], m)
+        assert m["rolloutpipe/worker_infer_s"] + m["rolloutpipe/worker_train_s"] == pytest.approx(
+            m["rolloutpipe/worker_compute_s"])
     assert [res["rounds"][0]["position_in_round"] for res in raw_rounds] == [0, 1, 2, 3]
     raw = json.loads((tmp_path / "results" / "bench_raw.json").read_text())
     assert {p.split(" ")[0] for p in raw["pinned"]["trainer"]} == {"ray::WorkerDict"}

@@ -113,9 +113,12 @@ def run_round(trainer, profile: LengthProfile, num_groups: int, mode: str, round
         extra = {"calls_per_step": result.calls_per_step}
     cpu1 = cpu_seconds()
     # the trainer pool's calls: compute inside the worker vs the rest of each call (Ray, serialisation, dispatch)
-    compute = max(trainer.actor_rollout_wg.pop_compute_seconds())  # ranks compute in parallel
+    by_rank = trainer.actor_rollout_wg.pop_compute_seconds()
+    slowest = max(by_rank, key=lambda s: sum(s.values()))  # ranks compute in parallel: the slowest one's
+    compute = sum(slowest.values())
     busy = metrics[PREFIX + "trainer_busy_s"]
-    metrics.update({PREFIX + "worker_compute_s": compute, PREFIX + "call_overhead_s": busy - compute,
+    metrics.update({PREFIX + "worker_compute_s": compute, PREFIX + "worker_infer_s": slowest["infer_batch"],
+                    PREFIX + "worker_train_s": slowest["train_mini_batch"], PREFIX + "call_overhead_s": busy - compute,
                     PREFIX + "call_overhead_share": (busy - compute) / busy if busy > 0 else float("nan")})
     cpu = {k: round(v - cpu0.get(k, 0.0), 3) for k, v in cpu1.items() if v - cpu0.get(k, 0.0) >= 0.01}
     return {"round": round_index + 1, "warmup": round_index < int(bench.warmup_rounds),
