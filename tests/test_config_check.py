@@ -27,10 +27,11 @@ def test_default_config_is_valid():
 
 @pytest.mark.parametrize("overrides,needle", [
     (["data.train_batch_size=10"], "must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size"),
-    (["rolloutpipe.frontier_width=0"], "rolloutpipe.frontier_width=0 must be auto or a number between 1"),
-    (["rolloutpipe.frontier_width=17"], "rolloutpipe.frontier_width=17 must be auto or a number between 1"),
-    (["rolloutpipe.frontier_width=wide"], "rolloutpipe.frontier_width='wide' must be auto or a number"),
+    (["rolloutpipe.frontier_width=0"], "rolloutpipe.frontier_width=0 must be auto, engine or a number between 1"),
+    (["rolloutpipe.frontier_width=17"], "rolloutpipe.frontier_width=17 must be auto, engine or a number between 1"),
+    (["rolloutpipe.frontier_width=wide"], "rolloutpipe.frontier_width='wide' must be auto, engine or a number"),
     (["rolloutpipe.frontier_width=auto"], "with fgd_strength=priority every group is in the engine already"),
+    (["rolloutpipe.frontier_width=engine"], "frontier_width=engine sizes hold's frontier; with fgd_strength=priority"),
     (["actor_rollout_ref.rollout.scheduling_policy=fcfs"], "fgd_strength=priority needs actor_rollout_ref.rollout"),
     (["trainer.n_gpus_per_node=3"], "data-parallel size 3"),
     (["trainer.balance_batch=true"], "trainer.balance_batch=true"),
@@ -55,6 +56,14 @@ def test_auto_frontier_width_starts_at_u():
     s = validate(cfg("rolloutpipe.frontier_width=auto", "rolloutpipe.fgd_strength=hold"))
     assert s.frontier_auto and s.frontier_width == s.step_groups == 4
     assert not validate(cfg()).frontier_auto
+
+
+@pytest.mark.parametrize("max_num_seqs,width", [(32, 8), (20, 5), (8, 4), (256, 16)])
+def test_engine_frontier_width_fills_the_slots_twice_between_u_and_r(max_num_seqs, width):
+    """R=16, K=8, U=4: ceil(2 * max_num_seqs / K) groups, at least U (the next step's), at most R."""
+    s = validate(cfg("rolloutpipe.frontier_width=engine", "rolloutpipe.fgd_strength=hold",
+                     f"actor_rollout_ref.rollout.max_num_seqs={max_num_seqs}"))
+    assert (s.frontier_width, s.frontier_auto) == (width, False)
 
 
 def test_kl_to_a_reference_policy_is_accepted():

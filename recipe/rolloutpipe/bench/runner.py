@@ -19,7 +19,8 @@ from tqdm import tqdm
 
 from ..logs import get_logger
 from ..pipeline import PREFIX
-from ..pipeline.modes import AUTO_WIDTH, STOCK, parse_mode_spec
+from ..pipeline.frontier import engine_frontier_width
+from ..pipeline.modes import AUTO_WIDTH, ENGINE_WIDTH, STOCK, parse_mode_spec
 from ..workloads import LengthProfile, describe, round_lengths
 from .agent_loop import AGENT_NAME, LENGTHS_COLUMN
 from .verl_round import verl_round
@@ -79,6 +80,9 @@ def _pipe_for(trainer, mode: str, num_groups: int):
     spec = parse_mode_spec(mode)
     auto = spec.frontier_width == AUTO_WIDTH or (spec.frontier_width is None and trainer.pipe.frontier_auto)
     width = trainer.pipe.step_groups if auto else spec.frontier_width or trainer.pipe.frontier_width
+    if width == ENGINE_WIDTH:
+        width = engine_frontier_width(trainer.pipe.step_groups, num_groups, trainer.pipe.group_size,
+                                      int(trainer.config.actor_rollout_ref.rollout.max_num_seqs))
     return dataclasses.replace(trainer.pipe, mode=spec.mode, num_groups=num_groups,
                                fgd_strength=spec.fgd_strength or trainer.pipe.fgd_strength,
                                frontier_width=width, frontier_auto=auto,

@@ -12,6 +12,7 @@ from .frontier import (
     FifoAdmission,
     FrontierAdmission,
     MeasuredFrontierWidth,
+    engine_frontier_width,
     make_admission,
 )
 from .ledger import (
@@ -54,6 +55,7 @@ __all__ = [
     "RoundTimeline",
     "TrainerInterval",
     "dispatch_mode_of",
+    "engine_frontier_width",
     "make_admission",
     "plot_gantt",
 ]

@@ -33,15 +33,18 @@ STOCK = "stock"  # verl's own trainer (rolloutpipe.trainer=stock): the reference
 
 
 AUTO_WIDTH = "auto"  # rolloutpipe.frontier_width=auto: F_w from the last round's measured times
+ENGINE_WIDTH = "engine"  # rolloutpipe.frontier_width=engine: F_w whose requests fill the engine's slots twice over
+WIDTH_WORDS = (AUTO_WIDTH, ENGINE_WIDTH)
 
 
 # The bench's (and the simulator check's) mode strings: ``mode[:fgd_strength][/frontier_width][+groups]``, e.g.
-# ``cgp``, ``cgp_fgd:priority``, ``cgp_fgd:hold/4``, ``cgp_fgd:hold/auto``, ``cgp_fgd:hold+groups``
+# ``cgp``, ``cgp_fgd:priority``, ``cgp_fgd:hold/4``, ``cgp_fgd:hold/auto``, ``cgp_fgd:hold/engine``,
+# ``cgp_fgd:hold+groups``
 # (``rolloutpipe.train_unit=groups``).
 class ModeSpec(NamedTuple):
     mode: str  # sync | cgp | cgp_fgd
     fgd_strength: str | None  # hold | priority | None (the config's)
-    frontier_width: int | str | None  # a number, "auto", or None: the config's F_w
+    frontier_width: int | str | None  # a number, "auto", "engine", or None: the config's F_w
     train_unit: str | None = None  # step | groups | None (the config's)
 
 
@@ -49,5 +52,5 @@ def parse_mode_spec(spec: str) -> ModeSpec:
     spec, _, unit = spec.partition("+")
     head, _, width = spec.partition("/")
     mode, _, strength = head.partition(":")
-    return ModeSpec(mode, strength or None, (width if width == AUTO_WIDTH else int(width)) if width else None,
+    return ModeSpec(mode, strength or None, (width if width in WIDTH_WORDS else int(width)) if width else None,
                     unit or None)

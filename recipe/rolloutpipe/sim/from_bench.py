@@ -18,7 +18,8 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..pipeline.modes import AUTO_WIDTH, STOCK, parse_mode_spec
+from ..pipeline.frontier import engine_frontier_width
+from ..pipeline.modes import AUTO_WIDTH, ENGINE_WIDTH, STOCK, parse_mode_spec
 from ..workloads import LengthProfile, round_lengths
 from .calibrate import bisect_increasing, fit_engine_scale
 from .simulator import EngineModel, RoundSpec, TrainerModel, simulate_round
@@ -47,6 +48,8 @@ def _spec(mode: str, num_groups: int, settings: dict, metrics: dict | None = Non
     width = m.frontier_width or settings["F_w"]
     if width == AUTO_WIDTH:
         width = int((metrics or {}).get("rolloutpipe/frontier_width", settings["U"]))
+    elif width == ENGINE_WIDTH:
+        width = engine_frontier_width(settings["U"], num_groups, settings["K"], settings["max_num_seqs"])
     return RoundSpec(num_groups, group_size=settings["K"], step_groups=settings["U"], mode=m.mode,
                      frontier_width=width, fgd_strength=m.fgd_strength or "hold")
 
