@@ -90,3 +90,15 @@ def test_simulator_predicts_the_real_benchmark_out_of_sample():
     assert all(abs(r["error"]) <= 0.20 for r in predicted), predicted
     reproduced = [r for r in validate_against_bench(raw) if r["mode"] == "sync"]
     assert len(reproduced) == len(settings) and all(abs(r["error"]) <= 0.01 for r in reproduced), reproduced
+
+
+def test_bench_mode_specs_become_the_simulators_round_shape():
+    """The bench's width words map to what the trainer ran: engine = ceil(2 * max_num_seqs / K) in [U, R]; auto = the
+    width the round recorded."""
+    from recipe.rolloutpipe.sim.from_bench import _spec
+
+    settings = {"K": 8, "U": 2, "F_w": 2, "max_num_seqs": 32}
+    assert _spec("cgp_fgd:hold/engine", 24, settings).frontier_width == 8
+    assert _spec("cgp_fgd:hold/engine", 4, settings).frontier_width == 4  # capped at R
+    assert _spec("cgp_fgd:hold/auto", 24, settings, {"rolloutpipe/frontier_width": 13}).frontier_width == 13
+    assert (_spec("stock", 24, settings).mode, _spec("cgp_fgd", 24, settings).frontier_width) == ("sync", 2)

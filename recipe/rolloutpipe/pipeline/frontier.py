@@ -147,10 +147,11 @@ def engine_frontier_width(step_groups: int, num_groups: int, group_size: int, ma
 
     ``hold`` with F_w = U leaves most of a saturated engine's slots empty (U*K requests against ``max_num_seqs``), and
     ``priority`` -- everything submitted at once -- pays for the whole round's requests up front on the rollout
-    core (agent loop, HTTP server, vLLM's waiting queue), so its first group comes no earlier than FCFS's (bench:
-    docs/results.md). Here the frontier's requests are twice the engine's running slots: when part of the frontier is
-    in its long tail, the groups behind it still fill the slots until the next completions refill the frontier
-    (refills come per completed group: the driver learns of a group, not of a single response). Between U and R.
+    core (agent loop, HTTP server, vLLM's waiting queue), so its first group comes about when FCFS's does (bench:
+    docs/results.md: +0.58 / -0.21 / +0.23 s against cgp in three runs). Here the frontier's requests are twice
+    the engine's running slots: when part of the frontier is in its long tail, the groups behind it still fill the
+    slots until the next completions refill the frontier (refills come per completed group: the driver learns of a
+    group, not of a single response). Between U and R.
     """
     wanted = math.ceil(ENGINE_WIDTH_SLOTS_FACTOR * max_num_seqs / group_size)
     return min(num_groups, max(step_groups, wanted))
