@@ -185,6 +185,7 @@ def test_mode_specs():
     assert parse_mode_spec("cgp+groups") == ModeSpec("cgp", None, None, "groups")
     assert parse_mode_spec("cgp_fgd:hold/auto") == ModeSpec("cgp_fgd", "hold", "auto", None)
     assert parse_mode_spec("cgp_fgd:hold/engine") == ModeSpec("cgp_fgd", "hold", "engine", None)
+    assert parse_mode_spec("cgp_fgd:paced") == ModeSpec("cgp_fgd", "paced", None, None)
 
 
 @pytest.mark.real_stack(runs=1)
@@ -193,14 +194,14 @@ def test_bench_runs_all_modes_on_the_real_stack(tmp_path):
         [sys.executable, "-m", "recipe.rolloutpipe.bench", "--json", str(tmp_path / "records.json"),
          f"rolloutpipe.bench.out_dir={tmp_path}/results", "rolloutpipe.bench.workloads=[sci-longtail]",
          "rolloutpipe.bench.sizes=[4]",
-         "rolloutpipe.bench.modes=[stock,sync,cgp,cgp_fgd:priority+groups,cgp_fgd:hold/engine]",
+         "rolloutpipe.bench.modes=[stock,sync,cgp,cgp_fgd:priority+groups,cgp_fgd:paced]",
          "rolloutpipe.bench.rounds=1", "rolloutpipe.bench.warmup_rounds=0", "data.max_response_length=24",
          f"trainer.default_local_dir={tmp_path}/ckpt"],
         capture_output=True, text=True, timeout=900, cwd=ROOT)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-6000:]
     records = json.loads((tmp_path / "records.json").read_text())["records"]
-    assert [r["mode"] for r in records] == ["stock", "sync", "cgp", "cgp_fgd:priority+groups", "cgp_fgd:hold/engine"]
+    assert [r["mode"] for r in records] == ["stock", "sync", "cgp", "cgp_fgd:priority+groups", "cgp_fgd:paced"]
     for r in records:
         assert r["lengths_honoured"] == 1.0  # every response has exactly the workload's length (max_tokens+ignore_eos)
         assert r["rollout_to_train_end_s"] > 0 and "reduction_vs_sync" in r and r["rollout_train_ratio_sync"] > 0
@@ -217,7 +218,7 @@ def test_bench_runs_all_modes_on_the_real_stack(tmp_path):
         assert m["rolloutpipe/worker_infer_s"] + m["rolloutpipe/worker_train_s"] == pytest.approx(
             m["rolloutpipe/worker_compute_s"])
     assert [res["rounds"][0]["position_in_round"] for res in raw_rounds] == [0, 1, 2, 3, 4]
-    # frontier_width=engine: ceil(2 * 32 slots / K=8) = 8 groups, capped at R=4 -- hold admits the whole round
+    # paced's width is the engine's: ceil(2 * 32 slots / K=8) = 8 groups, capped at R=4 -- the whole round at once
     assert raw_rounds[4]["rounds"][0]["metrics"]["rolloutpipe/frontier_width"] == 4
     raw = json.loads((tmp_path / "results" / "bench_raw.json").read_text())
     assert {p.split(" ")[0] for p in raw["pinned"]["trainer"]} == {"ray::WorkerDict"}

@@ -36,6 +36,7 @@ def test_default_config_is_valid():
     (["trainer.n_gpus_per_node=3"], "data-parallel size 3"),
     (["trainer.balance_batch=true"], "trainer.balance_batch=true"),
     (["rolloutpipe.mode=async"], "rolloutpipe.mode='async'"),
+    (["rolloutpipe.fgd_strength=strict"], "rolloutpipe.fgd_strength='strict': use priority, paced or hold"),
     (["rolloutpipe.old_log_prob=recompute"], "rolloutpipe.old_log_prob='recompute'"),
     (["rolloutpipe.snapshot_placement=gpu"], "rolloutpipe.snapshot_placement='gpu': use auto"),
     (["actor_rollout_ref.actor.ppo_epochs=2"], "ppo_epochs must be 1"),
@@ -64,6 +65,14 @@ def test_engine_frontier_width_fills_the_slots_twice_between_u_and_r(max_num_seq
     s = validate(cfg("rolloutpipe.frontier_width=engine", "rolloutpipe.fgd_strength=hold",
                      f"actor_rollout_ref.rollout.max_num_seqs={max_num_seqs}"))
     assert (s.frontier_width, s.frontier_auto) == (width, False)
+
+
+def test_paced_takes_the_engine_width_unless_one_is_given():
+    assert validate(cfg("rolloutpipe.fgd_strength=paced")).frontier_width == 16  # 2 * 256 slots / K=8, capped at R
+    assert validate(cfg("rolloutpipe.fgd_strength=paced", "actor_rollout_ref.rollout.max_num_seqs=32")
+                    ).frontier_width == 8
+    assert validate(cfg("rolloutpipe.fgd_strength=paced", "rolloutpipe.frontier_width=3")).frontier_width == 3
+    assert validate(cfg("rolloutpipe.fgd_strength=hold")).frontier_width == 4  # hold's default stays U
 
 
 def test_kl_to_a_reference_policy_is_accepted():

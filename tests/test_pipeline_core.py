@@ -54,6 +54,8 @@ def drive_round(data, R: int, K: int, U: int, mode: str, width: int, strength: s
         active = {g for g, _ in in_engine}
         if mode == "cgp_fgd" and strength == "hold":
             assert len(active) <= width
+        if mode == "cgp_fgd" and strength == "paced":  # topped up a frontier at a time, only when below one
+            assert len(active) <= 2 * width - 1
         if limit is not None:
             assert ledger.buffered <= limit
         moves = []
@@ -105,7 +107,7 @@ def drive_round(data, R: int, K: int, U: int, mode: str, width: int, strength: s
     U=st.integers(1, 5),
     mode=st.sampled_from(["sync", "cgp", "cgp_fgd"]),
     width=st.integers(1, 6),
-    strength=st.sampled_from(["hold", "priority"]),
+    strength=st.sampled_from(["hold", "priority", "paced"]),
     extra=st.integers(0, 4),
     filter_p=st.sampled_from([0.0, 0.3, 0.7]),
     slack=st.sampled_from([None, 0, 1, 3]),
@@ -237,6 +239,22 @@ def test_hold_frontier_refills_in_order():
     rnd.served(1)
     assert rnd.admission.frontier(rnd.ledger) == [0, 2]
     assert [(a.group_id, a.priority) for a in rnd.admit()] == [(2, 2)]
+    assert rnd.admit() == []
+
+
+def test_paced_lets_the_next_frontier_in_at_once_when_fewer_than_width_are_unfinished():
+    rnd = make_round(10, mode="cgp_fgd", frontier_width=3, fgd_strength="paced")
+    assert [a.group_id for a in rnd.admit()] == [0, 1, 2]
+    rnd.served(1)  # 2 unfinished < 3: the next frontier, in one admission, with its order as priority
+    assert [(a.group_id, a.priority) for a in rnd.admit()] == [(3, 3), (4, 4), (5, 5)]
+    rnd.served(0)
+    assert rnd.admit() == []  # 4 unfinished: the engine has enough
+    rnd.served(2)
+    rnd.served(4)
+    assert [a.group_id for a in rnd.admit()] == [6, 7, 8]
+    for g in (3, 5, 6, 7):
+        rnd.served(g)
+    assert [a.group_id for a in rnd.admit()] == [9]  # the round's last group
     assert rnd.admit() == []
 
 

@@ -100,5 +100,7 @@ def test_bench_mode_specs_become_the_simulators_round_shape():
     settings = {"K": 8, "U": 2, "F_w": 2, "max_num_seqs": 32}
     assert _spec("cgp_fgd:hold/engine", 24, settings).frontier_width == 8
     assert _spec("cgp_fgd:hold/engine", 4, settings).frontier_width == 4  # capped at R
+    assert (_spec("cgp_fgd:paced", 24, settings).frontier_width, _spec("cgp_fgd:paced/3", 24, settings).frontier_width
+            ) == (8, 3)  # paced: the engine's width unless the spec names one
     assert _spec("cgp_fgd:hold/auto", 24, settings, {"rolloutpipe/frontier_width": 13}).frontier_width == 13
     assert (_spec("stock", 24, settings).mode, _spec("cgp_fgd", 24, settings).frontier_width) == ("sync", 2)

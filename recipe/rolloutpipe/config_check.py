@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
-from .pipeline.frontier import engine_frontier_width
+from .pipeline.frontier import resolve_frontier_width
 from .pipeline.modes import AUTO_WIDTH, ENGINE_WIDTH, TRAINER_MODES, FgdStrength, Mode
 
 
@@ -54,20 +54,18 @@ def validate(cfg: DictConfig) -> PipeSettings:
                       f"actor_rollout_ref.actor.ppo_mini_batch_size (U={u}): an optimizer step takes U whole groups, "
                       "as in the serial run")
     auto = rp.frontier_width == AUTO_WIDTH
-    if rp.frontier_width == ENGINE_WIDTH:
-        fw = engine_frontier_width(u, r, k, int(_get(cfg, "actor_rollout_ref.rollout.max_num_seqs", 256)))
-    else:
-        fw = u if auto or rp.frontier_width is None else rp.frontier_width
+    fw = u if auto else resolve_frontier_width(rp.frontier_width, rp.fgd_strength, u, r, k,
+                                               int(_get(cfg, "actor_rollout_ref.rollout.max_num_seqs", 256)))
     if not isinstance(fw, int) or not 1 <= fw <= r:
         errors.append(f"rolloutpipe.frontier_width={fw!r} must be auto, engine or a number between 1 and "
                       f"data.train_batch_size={r}")
     if rp.frontier_width in (AUTO_WIDTH, ENGINE_WIDTH) and rp.fgd_strength == FgdStrength.PRIORITY:
         errors.append(f"rolloutpipe.frontier_width={rp.frontier_width} sizes hold's frontier; with "
                       "fgd_strength=priority every group is in the engine already and F_w changes nothing: set "
-                      "rolloutpipe.fgd_strength=hold")
+                      "rolloutpipe.fgd_strength=hold or paced")
     strength = rp.fgd_strength
     if strength not in tuple(FgdStrength):
-        errors.append(f"rolloutpipe.fgd_strength={strength!r}: use hold or priority")
+        errors.append(f"rolloutpipe.fgd_strength={strength!r}: use priority, paced or hold")
     policy = _get(cfg, "actor_rollout_ref.rollout.scheduling_policy", "fcfs")
     if mode == Mode.CGP_FGD and strength == FgdStrength.PRIORITY and policy != "priority":
         errors.append("rolloutpipe.fgd_strength=priority needs actor_rollout_ref.rollout.scheduling_policy=priority "

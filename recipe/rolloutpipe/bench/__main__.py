@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     bad = [m for m in bench.modes if m != STOCK and parse_mode_spec(m).mode not in TRAINER_MODES]
     if bad:
         raise SystemExit(f"rolloutpipe bench: rolloutpipe.bench.modes: {bad} unknown; use stock (verl's own trainer) "
-                         "or mode[:hold|:priority][/F_w|/auto][+groups] with mode one of "
+                         "or mode[:priority|:paced|:hold][/F_w|/auto|/engine][+groups] with mode one of "
                          f"{[str(m) for m in TRAINER_MODES]}")
     cores = os.sched_getaffinity(0)
     wanted = set(bench.rollout_cpus) | set(bench.trainer_cpus)

@@ -19,8 +19,8 @@ from tqdm import tqdm
 
 from ..logs import get_logger
 from ..pipeline import PREFIX
-from ..pipeline.frontier import engine_frontier_width
-from ..pipeline.modes import AUTO_WIDTH, ENGINE_WIDTH, STOCK, parse_mode_spec
+from ..pipeline.frontier import resolve_frontier_width
+from ..pipeline.modes import AUTO_WIDTH, STOCK, FgdStrength, parse_mode_spec
 from ..workloads import LengthProfile, describe, round_lengths
 from .agent_loop import AGENT_NAME, LENGTHS_COLUMN
 from .verl_round import verl_round
@@ -79,12 +79,16 @@ def rotated(modes: list[str], round_index: int) -> list[str]:
 def _pipe_for(trainer, mode: str, num_groups: int):
     spec = parse_mode_spec(mode)
     auto = spec.frontier_width == AUTO_WIDTH or (spec.frontier_width is None and trainer.pipe.frontier_auto)
-    width = trainer.pipe.step_groups if auto else spec.frontier_width or trainer.pipe.frontier_width
-    if width == ENGINE_WIDTH:
-        width = engine_frontier_width(trainer.pipe.step_groups, num_groups, trainer.pipe.group_size,
-                                      int(trainer.config.actor_rollout_ref.rollout.max_num_seqs))
-    return dataclasses.replace(trainer.pipe, mode=spec.mode, num_groups=num_groups,
-                               fgd_strength=spec.fgd_strength or trainer.pipe.fgd_strength,
+    strength = spec.fgd_strength or trainer.pipe.fgd_strength
+    if auto:
+        width = trainer.pipe.step_groups
+    elif spec.frontier_width is None and strength != FgdStrength.PACED:
+        width = trainer.pipe.frontier_width  # the config's, resolved by config_check
+    else:  # a width word, or paced's default: for this R, as config_check resolves the config's
+        width = resolve_frontier_width(spec.frontier_width, strength, trainer.pipe.step_groups, num_groups,
+                                       trainer.pipe.group_size,
+                                       int(trainer.config.actor_rollout_ref.rollout.max_num_seqs))
+    return dataclasses.replace(trainer.pipe, mode=spec.mode, num_groups=num_groups, fgd_strength=strength,
                                frontier_width=width, frontier_auto=auto,
                                train_unit=spec.train_unit or trainer.pipe.train_unit)
 

@@ -14,6 +14,7 @@ from .frontier import (
     MeasuredFrontierWidth,
     engine_frontier_width,
     make_admission,
+    resolve_frontier_width,
 )
 from .ledger import (
     GroupLedger,
@@ -58,4 +59,5 @@ __all__ = [
     "engine_frontier_width",
     "make_admission",
     "plot_gantt",
+    "resolve_frontier_width",
 ]

@@ -2,7 +2,8 @@
 
 The *frontier* is the ``width`` lowest-order groups that are not yet serving-complete; it refills as they complete.
 ``hold`` keeps every other group out of the engine; ``priority`` submits everything with a priority value that vLLM's
-``scheduling_policy=priority`` serves lowest-first. Plain FIFO admission (``FifoAdmission``) is the CGP baseline.
+``scheduling_policy=priority`` serves lowest-first; ``paced`` lets the next ``width`` groups in together, in one call,
+once fewer than ``width`` admitted groups are unfinished. Plain FIFO admission (``FifoAdmission``) is the CGP baseline.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from .ledger import GroupLedger, GroupRecord, GroupState
-from .modes import FgdStrength, Mode
+from .modes import ENGINE_WIDTH, FgdStrength, Mode
 
 if TYPE_CHECKING:
     from .timeline import RoundTimeline
@@ -60,7 +61,7 @@ class FrontierAdmission:
         if width < 1:
             raise ValueError(f"frontier width must be >= 1, got {width}")
         if strength not in tuple(FgdStrength):
-            raise ValueError(f"fgd strength must be 'hold' or 'priority', got {strength!r}")
+            raise ValueError(f"fgd strength must be 'hold', 'paced' or 'priority', got {strength!r}")
         self.width = width
         self.strength = strength
 
@@ -76,6 +77,14 @@ class FrontierAdmission:
             # Priorities are fixed when a request enters vLLM, so encode the frontier rank statically as the
             # submission order: whatever the frontier is later, its groups carry the lowest values still waiting.
             return _admit_all(ledger, ledger.in_state(GroupState.SUBMITTED), priority_of_order=True)
+        if self.strength == FgdStrength.PACED:
+            # Between F_w and 2*F_w - 1 groups unfinished in the engine, topped up a frontier at a time: the engine
+            # stays full with one agent-loop call per F_w completions instead of one per completion (hold's), and
+            # never holds the whole round at once (priority's up-front cost on the rollout core).
+            width = self.current_width(ledger)
+            if len(ledger.in_state(GroupState.ADMITTED)) >= width:
+                return []
+            return _admit_all(ledger, ledger.in_state(GroupState.SUBMITTED)[:width], priority_of_order=True)
         front = set(self.frontier(ledger))
         waiting = [g for g in ledger.in_state(GroupState.SUBMITTED) if g.order in front]
         return _admit_all(ledger, waiting, priority_of_order=True)
@@ -143,7 +152,7 @@ ENGINE_WIDTH_SLOTS_FACTOR = 2
 
 
 def engine_frontier_width(step_groups: int, num_groups: int, group_size: int, max_num_seqs: int) -> int:
-    """``rolloutpipe.frontier_width=engine``: the narrowest ``hold`` frontier that keeps the engine full.
+    """``rolloutpipe.frontier_width=engine`` (and ``paced``'s default): a frontier that keeps the engine full.
 
     ``hold`` with F_w = U leaves most of a saturated engine's slots empty (U*K requests against ``max_num_seqs``), and
     ``priority`` -- everything submitted at once -- pays for the whole round's requests up front on the rollout
@@ -155,6 +164,17 @@ def engine_frontier_width(step_groups: int, num_groups: int, group_size: int, ma
     """
     wanted = math.ceil(ENGINE_WIDTH_SLOTS_FACTOR * max_num_seqs / group_size)
     return min(num_groups, max(step_groups, wanted))
+
+
+def resolve_frontier_width(setting: int | str | None, strength: str, step_groups: int, num_groups: int,
+                           group_size: int, max_num_seqs: int) -> int | str:
+    """The F_w a ``rolloutpipe.frontier_width`` setting means: a number as given; ``engine`` (and null under
+    ``paced``) from the engine's slots; null otherwise U; ``auto`` stays ``auto`` (the trainer measures it)."""
+    if setting == ENGINE_WIDTH or (setting is None and strength == FgdStrength.PACED):
+        return engine_frontier_width(step_groups, num_groups, group_size, max_num_seqs)
+    if setting is None:
+        return step_groups
+    return setting
 
 
 def make_admission(

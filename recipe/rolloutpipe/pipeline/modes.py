@@ -23,6 +23,7 @@ class FgdStrength(str, Enum):
 
     HOLD = "hold"  # only frontier groups enter the engine
     PRIORITY = "priority"  # everything enters; vLLM's priority scheduler serves the frontier first
+    PACED = "paced"  # the frontier and the next one: F_w groups enter together once fewer than F_w are unfinished
 
     def __str__(self) -> str:
         return self.value
@@ -43,7 +44,7 @@ WIDTH_WORDS = (AUTO_WIDTH, ENGINE_WIDTH)
 # (``rolloutpipe.train_unit=groups``).
 class ModeSpec(NamedTuple):
     mode: str  # sync | cgp | cgp_fgd
-    fgd_strength: str | None  # hold | priority | None (the config's)
+    fgd_strength: str | None  # hold | priority | paced | None (the config's)
     frontier_width: int | str | None  # a number, "auto", "engine", or None: the config's F_w
     train_unit: str | None = None  # step | groups | None (the config's)
 

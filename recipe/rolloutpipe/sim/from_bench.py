@@ -18,8 +18,8 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..pipeline.frontier import engine_frontier_width
-from ..pipeline.modes import AUTO_WIDTH, ENGINE_WIDTH, STOCK, parse_mode_spec
+from ..pipeline.frontier import resolve_frontier_width
+from ..pipeline.modes import AUTO_WIDTH, ENGINE_WIDTH, STOCK, FgdStrength, parse_mode_spec
 from ..workloads import LengthProfile, round_lengths
 from .calibrate import bisect_increasing, fit_engine_scale
 from .simulator import EngineModel, RoundSpec, TrainerModel, simulate_round
@@ -45,13 +45,15 @@ class FixedLengths:
 def _spec(mode: str, num_groups: int, settings: dict, metrics: dict | None = None) -> RoundSpec:
     """The simulator's round for a bench mode; an ``auto`` frontier replays the width the round ran with."""
     m = parse_mode_spec("sync" if mode == STOCK else mode)  # verl's own step is a serial round
-    width = m.frontier_width or settings["F_w"]
+    strength = m.fgd_strength or "hold"
+    width = m.frontier_width or (None if strength == FgdStrength.PACED else settings["F_w"])
     if width == AUTO_WIDTH:
         width = int((metrics or {}).get("rolloutpipe/frontier_width", settings["U"]))
-    elif width == ENGINE_WIDTH:
-        width = engine_frontier_width(settings["U"], num_groups, settings["K"], settings["max_num_seqs"])
+    elif width == ENGINE_WIDTH or width is None:
+        width = resolve_frontier_width(width, strength, settings["U"], num_groups, settings["K"],
+                                       settings["max_num_seqs"])
     return RoundSpec(num_groups, group_size=settings["K"], step_groups=settings["U"], mode=m.mode,
-                     frontier_width=width, fgd_strength=m.fgd_strength or "hold")
+                     frontier_width=width, fgd_strength=strength)
 
 
 def calibrate(metrics: dict[str, float], work: FixedLengths, spec: RoundSpec,
