@@ -81,6 +81,10 @@ def validate(cfg: DictConfig) -> PipeSettings:
     stall = rp.get("stall_timeout_s")
     if stall is not None and float(stall) <= 0:
         errors.append(f"rolloutpipe.stall_timeout_s={stall}: use a positive number of seconds (or null to disable)")
+    ray_start = rp.get("ray_start_timeout_s")
+    if ray_start is not None and float(ray_start) <= 0:
+        errors.append(f"rolloutpipe.ray_start_timeout_s={ray_start}: use a positive number of seconds (Ray's "
+                      "start-up on a loaded 2-core machine took up to 90 s)")
     bound = rp.get("max_buffered_groups")
     if bound is not None:
         need = r if mode == Mode.SYNC else u

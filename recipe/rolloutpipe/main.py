@@ -99,13 +99,16 @@ def prepare_runtime(config: DictConfig, worker_env: dict[str, str] | None = None
 
         from rolloutpipe_workers.cpu_platform import on_cpu
 
+        from .ray_start import init_ray_bounded
+
         runtime_env = get_ppo_ray_runtime_env(config)
         runtime_env.setdefault("env_vars", {}).update(worker_env or {})
         runtime_env["env_vars"].setdefault("PYTHONWARNINGS", known_noise.python_warnings_env())
         kwargs = {"runtime_env": runtime_env}
+        timeout_s = float(config.rolloutpipe.ray_start_timeout_s)
         if os.environ.get("RAY_ADDRESS"):
             # a running cluster (`ray start` on every node; trainer.nnodes=N): the nodes declare their own resources
-            ray.init(**kwargs)
+            init_ray_bounded(kwargs, timeout_s, local=False)
             return
         # a new local instance even when a `ray start` cluster runs on this machine (Ray would otherwise join the
         # latest one it recorded): a cluster is joined only through RAY_ADDRESS, as above
@@ -115,7 +118,7 @@ def prepare_runtime(config: DictConfig, worker_env: dict[str, str] | None = None
             gpus = config.trainer.nnodes * config.trainer.n_gpus_per_node
             gpus += config.actor_rollout_ref.rollout.nnodes * config.actor_rollout_ref.rollout.n_gpus_per_node
             kwargs.update(num_cpus=int(config.rolloutpipe.ray_num_cpus), num_gpus=gpus)
-        ray.init(**kwargs)
+        init_ray_bounded(kwargs, timeout_s, local=True)
 
 
 def run(config: DictConfig, task_runner_class: type | None = None, user: frozenset[str] = frozenset()) -> None:

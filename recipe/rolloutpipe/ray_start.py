@@ -1,0 +1,80 @@
+"""Ray's start-up, bounded: ``ray.init`` under a machine-wide lock and a deadline.
+
+Why: once in CI, two local Ray instances started 2 s apart on 2 cores (the suite runs two real-stack tests at a time).
+One driver registered with its raylet, its GCS stalled for 69 s, and ``ray.init`` never returned: the run sat silent
+until the test's 15-minute timeout. The lock keeps local start-ups on one machine apart; the deadline turns a hang
+into one restart of the same command (the hung instance's processes killed first) and, if that hangs too, one clear
+error. Nothing has run when the deadline fires (no worker, no round), so a restart loses nothing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .logs import get_logger
+
+logger = get_logger(__name__)
+EXIT_RAY_START_HUNG = 75  # EX_TEMPFAIL: nothing ran; the same command can be run again as is
+ATTEMPT_ENV = "ROLLOUTPIPE_RAY_START_ATTEMPT"
+LOCK_PATH = Path(tempfile.gettempdir()) / "rolloutpipe-ray-start.lock"
+_START_CWD = os.getcwd()  # at import, before Hydra may change directory: where a restart runs the command again
+
+
+def _kill_started_instance() -> None:
+    """The processes the hung ``ray.init`` started (GCS, raylet, agents); without this a restart would leave them."""
+    try:
+        import ray
+
+        node = ray._private.worker._global_node
+        if node is not None:
+            node.kill_all_processes(check_alive=False, allow_graceful=False)
+    except Exception as e:  # best effort: the restart or the error below matters more
+        logger.warning(f"could not stop the hung Ray instance's processes: {e!r}")
+
+
+def _on_deadline(timeout_s: float) -> None:
+    attempt = int(os.environ.get(ATTEMPT_ENV, "1"))
+    _kill_started_instance()
+    if attempt == 1:
+        logger.warning(f"Ray's start-up did not finish within rolloutpipe.ray_start_timeout_s={timeout_s:g} s "
+                       "(ray.init hung; seen under heavy load with another local Ray instance starting): "
+                       "starting the same command once more")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.chdir(_START_CWD)
+        os.execve(sys.executable, sys.orig_argv, {**os.environ, ATTEMPT_ENV: str(attempt + 1)})
+    logger.error(f"rolloutpipe: Ray's start-up hung twice (rolloutpipe.ray_start_timeout_s={timeout_s:g} s each). "
+                 "Nothing ran. Look for stuck Ray processes (`ray stop --force` stops them) and a loaded machine, then "
+                 "run the same command again; raise rolloutpipe.ray_start_timeout_s on a slow machine.")
+    sys.stderr.flush()
+    os._exit(EXIT_RAY_START_HUNG)
+
+
+def init_ray_bounded(kwargs: dict[str, Any], timeout_s: float, *, local: bool,
+                     init: Callable[..., Any] | None = None) -> None:
+    """``ray.init(**kwargs)`` that cannot hang: a ``local`` instance starts only when no other RolloutPipe process on
+    this machine is starting one (an advisory lock, released when ``ray.init`` returns or the process ends); if
+    ``ray.init`` has not returned ``timeout_s`` seconds after the lock was taken, the command is restarted once, then
+    the process exits with ``EXIT_RAY_START_HUNG`` and one error line. ``init``: ``ray.init`` unless a test injects
+    the hang."""
+    if init is None:
+        import ray
+
+        init = ray.init
+    with open(LOCK_PATH, "a") as lock:
+        if local:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # waits while another local instance starts (seconds)
+        timer = threading.Timer(timeout_s, _on_deadline, args=(timeout_s,))
+        timer.daemon = True
+        timer.start()
+        try:
+            init(**kwargs)
+        finally:
+            timer.cancel()

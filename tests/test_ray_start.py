@@ -1,0 +1,62 @@
+"""Ray's start-up cannot hang a run (recipe/rolloutpipe/ray_start.py). The hang is injected (a stand-in for
+``ray.init`` that never returns): the real one hung once in CI and cannot be made to hang on demand."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from recipe.rolloutpipe.ray_start import ATTEMPT_ENV, EXIT_RAY_START_HUNG
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _child(lock: Path, body: str) -> str:
+    return textwrap.dedent(f"""
+        import os, time
+        from pathlib import Path
+        from recipe.rolloutpipe import ray_start
+        ray_start.LOCK_PATH = Path({str(lock)!r})
+        print("attempt", os.environ.get({ATTEMPT_ENV!r}, "1"), flush=True)
+    """) + textwrap.dedent(body)
+
+
+def test_a_hung_start_restarts_the_command_once_then_exits_with_one_clear_error(tmp_path):
+    code = _child(tmp_path / "lock", """
+        ray_start.init_ray_bounded({}, 1.0, local=True, init=lambda: time.sleep(600))
+        print("returned")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != ATTEMPT_ENV}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert out.returncode == EXIT_RAY_START_HUNG, out.stdout + out.stderr
+    assert [line for line in out.stdout.splitlines() if line.startswith("attempt")] == ["attempt 1", "attempt 2"]
+    assert "returned" not in out.stdout
+    assert out.stderr.count("starting the same command once more") == 1
+    assert out.stderr.count("Ray's start-up hung twice (rolloutpipe.ray_start_timeout_s=1 s each)") == 1
+
+
+def test_a_local_start_waits_for_another_local_start_on_the_machine(tmp_path):
+    lock_path = tmp_path / "lock"
+    code = _child(lock_path, """
+        import sys
+        local = sys.argv[1] == "local"
+        ray_start.init_ray_bounded({}, 60.0, local=local, init=lambda: print("init", time.time(), flush=True))
+    """)
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process is starting its local instance
+        children = {kind: subprocess.Popen([sys.executable, "-c", code, kind], stdout=subprocess.PIPE, text=True,
+                                           cwd=ROOT) for kind in ("local", "cluster")}
+        time.sleep(3)
+        released = time.time()
+    inits = {}
+    for kind, child in children.items():
+        stdout = child.communicate(timeout=60)[0]
+        assert child.returncode == 0, stdout
+        inits[kind] = float(stdout.split("init ")[1])
+    assert inits["local"] >= released  # held back until the other start-up was done
+    assert inits["cluster"] < released  # joining a running cluster starts nothing: no wait
