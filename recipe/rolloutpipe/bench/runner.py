@@ -82,10 +82,9 @@ def _pipe_for(trainer, mode: str, num_groups: int):
     strength = spec.fgd_strength or trainer.pipe.fgd_strength
     if auto:
         width = trainer.pipe.step_groups
-    elif spec.frontier_width is None and strength != FgdStrength.PACED:
-        width = trainer.pipe.frontier_width  # the config's, resolved by config_check
-    else:  # a width word, or paced's default: for this R, as config_check resolves the config's
-        width = resolve_frontier_width(spec.frontier_width, strength, trainer.pipe.step_groups, num_groups,
+    else:  # the spec's width, else the config's (resolved by config_check) unless paced takes its own; for this R
+        setting = spec.frontier_width or (None if strength == FgdStrength.PACED else trainer.pipe.frontier_width)
+        width = resolve_frontier_width(setting, strength, trainer.pipe.step_groups, num_groups,
                                        trainer.pipe.group_size,
                                        int(trainer.config.actor_rollout_ref.rollout.max_num_seqs))
     return dataclasses.replace(trainer.pipe, mode=spec.mode, num_groups=num_groups, fgd_strength=strength,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..pipeline.frontier import resolve_frontier_width
-from ..pipeline.modes import AUTO_WIDTH, ENGINE_WIDTH, STOCK, FgdStrength, parse_mode_spec
+from ..pipeline.modes import AUTO_WIDTH, STOCK, FgdStrength, parse_mode_spec
 from ..workloads import LengthProfile, round_lengths
 from .calibrate import bisect_increasing, fit_engine_scale
 from .simulator import EngineModel, RoundSpec, TrainerModel, simulate_round
@@ -49,7 +49,7 @@ def _spec(mode: str, num_groups: int, settings: dict, metrics: dict | None = Non
     width = m.frontier_width or (None if strength == FgdStrength.PACED else settings["F_w"])
     if width == AUTO_WIDTH:
         width = int((metrics or {}).get("rolloutpipe/frontier_width", settings["U"]))
-    elif width == ENGINE_WIDTH or width is None:
+    else:
         width = resolve_frontier_width(width, strength, settings["U"], num_groups, settings["K"],
                                        settings["max_num_seqs"])
     return RoundSpec(num_groups, group_size=settings["K"], step_groups=settings["U"], mode=m.mode,
