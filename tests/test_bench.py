@@ -188,6 +188,27 @@ def test_mode_specs():
     assert parse_mode_spec("cgp_fgd:paced") == ModeSpec("cgp_fgd", "paced", None, None)
 
 
+@pytest.mark.parametrize("overrides,mode,num_groups,width", [
+    ([], "cgp_fgd", 16, 8),  # the default strength, paced: the engine's width, ceil(2 * 32 slots / K=8)
+    ([], "cgp_fgd:hold", 16, 2),  # the config's null under hold is U, not paced's resolution of it
+    ([], "cgp_fgd:hold/engine", 4, 4),  # a width word resolved for this R (capped at R)
+    (["rolloutpipe.frontier_width=3"], "cgp_fgd:hold", 16, 3),
+    (["rolloutpipe.frontier_width=3"], "cgp_fgd:paced", 16, 8),  # paced takes its own unless the spec names one
+    (["rolloutpipe.frontier_width=auto"], "cgp_fgd:hold", 16, 2),  # auto starts at U
+])
+def test_a_bench_mode_gets_the_width_of_its_own_strength_and_r(overrides, mode, num_groups, width):
+    from types import SimpleNamespace
+
+    from recipe.rolloutpipe.bench.__main__ import load_config
+    from recipe.rolloutpipe.bench.runner import _pipe_for
+    from recipe.rolloutpipe.config_check import validate
+
+    cfg = load_config(False, overrides)
+    pipe = _pipe_for(SimpleNamespace(pipe=validate(cfg), config=cfg), mode, num_groups)
+    assert (pipe.num_groups, pipe.frontier_width) == (num_groups, width)
+    assert pipe.frontier_auto == ("auto" in "".join(overrides))
+
+
 @pytest.mark.real_stack(runs=1)
 def test_bench_runs_all_modes_on_the_real_stack(tmp_path):
     out = subprocess.run(

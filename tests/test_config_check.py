@@ -22,7 +22,8 @@ def cfg(*overrides: str):
 
 def test_default_config_is_valid():
     s = validate(cfg())
-    assert (s.mode, s.num_groups, s.group_size, s.step_groups, s.frontier_width) == ("cgp_fgd", 16, 8, 4, 4)
+    # paced FGD with the engine's width: ceil(2 * 256 slots / K=8) = 64 groups, capped at R
+    assert (s.mode, s.num_groups, s.group_size, s.step_groups, s.frontier_width) == ("cgp_fgd", 16, 8, 4, 16)
 
 
 @pytest.mark.parametrize("overrides,needle", [
@@ -30,9 +31,12 @@ def test_default_config_is_valid():
     (["rolloutpipe.frontier_width=0"], "rolloutpipe.frontier_width=0 must be auto, engine or a number between 1"),
     (["rolloutpipe.frontier_width=17"], "rolloutpipe.frontier_width=17 must be auto, engine or a number between 1"),
     (["rolloutpipe.frontier_width=wide"], "rolloutpipe.frontier_width='wide' must be auto, engine or a number"),
-    (["rolloutpipe.frontier_width=auto"], "with fgd_strength=priority every group is in the engine already"),
-    (["rolloutpipe.frontier_width=engine"], "frontier_width=engine sizes hold's frontier; with fgd_strength=priority"),
-    (["actor_rollout_ref.rollout.scheduling_policy=fcfs"], "fgd_strength=priority needs actor_rollout_ref.rollout"),
+    (["rolloutpipe.frontier_width=auto", "rolloutpipe.fgd_strength=priority"],
+     "with fgd_strength=priority every group is in the engine already"),
+    (["rolloutpipe.frontier_width=engine", "rolloutpipe.fgd_strength=priority"],
+     "frontier_width=engine sizes hold's frontier; with fgd_strength=priority"),
+    (["actor_rollout_ref.rollout.scheduling_policy=fcfs", "rolloutpipe.fgd_strength=priority"],
+     "fgd_strength=priority needs actor_rollout_ref.rollout"),
     (["trainer.n_gpus_per_node=3"], "data-parallel size 3"),
     (["trainer.balance_batch=true"], "trainer.balance_batch=true"),
     (["rolloutpipe.mode=async"], "rolloutpipe.mode='async'"),
@@ -94,8 +98,8 @@ def test_filter_groups_follows_verl_keys():
 
 
 def test_fgd_strengths_and_their_scheduling():
-    # the default is priority FGD (the bench's best FGD, docs/results.md) on vLLM's priority scheduler
-    assert validate(cfg()).fgd_strength == "priority"
+    # the default is paced FGD (the bench's best FGD: first group before FCFS's at FCFS's rollout, docs/results.md)
+    assert validate(cfg()).fgd_strength == "paced"
     # hold orders nothing inside vLLM: any scheduling policy will do
     s = validate(cfg("rolloutpipe.fgd_strength=hold", "actor_rollout_ref.rollout.scheduling_policy=fcfs"))
     assert s.fgd_strength == "hold"

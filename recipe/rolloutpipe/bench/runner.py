@@ -77,13 +77,17 @@ def rotated(modes: list[str], round_index: int) -> list[str]:
 
 
 def _pipe_for(trainer, mode: str, num_groups: int):
+    """The round's pipeline settings for a bench mode spec at R = ``num_groups``. The width comes from the spec, else
+    from the config's setting (not config_check's resolution of it, which is for the config's strength and R) unless
+    the spec's strength is paced, which takes its own; resolved for this mode's strength and this R."""
     spec = parse_mode_spec(mode)
-    auto = spec.frontier_width == AUTO_WIDTH or (spec.frontier_width is None and trainer.pipe.frontier_auto)
     strength = spec.fgd_strength or trainer.pipe.fgd_strength
+    setting = spec.frontier_width or (None if strength == FgdStrength.PACED
+                                      else trainer.config.rolloutpipe.frontier_width)
+    auto = setting == AUTO_WIDTH
     if auto:
         width = trainer.pipe.step_groups
-    else:  # the spec's width, else the config's (resolved by config_check) unless paced takes its own; for this R
-        setting = spec.frontier_width or (None if strength == FgdStrength.PACED else trainer.pipe.frontier_width)
+    else:
         width = resolve_frontier_width(setting, strength, trainer.pipe.step_groups, num_groups,
                                        trainer.pipe.group_size,
                                        int(trainer.config.actor_rollout_ref.rollout.max_num_seqs))
