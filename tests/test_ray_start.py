@@ -47,16 +47,16 @@ def test_a_local_start_waits_for_another_local_start_on_the_machine(tmp_path):
         local = sys.argv[1] == "local"
         ray_start.init_ray_bounded({}, 60.0, local=local, init=lambda: print("init", time.time(), flush=True))
     """)
+    start = {kind: [sys.executable, "-c", code, kind] for kind in ("local", "cluster")}
     with open(lock_path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process is starting its local instance
-        children = {kind: subprocess.Popen([sys.executable, "-c", code, kind], stdout=subprocess.PIPE, text=True,
-                                           cwd=ROOT) for kind in ("local", "cluster")}
-        time.sleep(3)
+        # joining a running cluster starts nothing: it goes ahead while the lock is held (else this call times out)
+        cluster = subprocess.run(start["cluster"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert cluster.returncode == 0 and "init" in cluster.stdout, cluster.stdout + cluster.stderr
+        local = subprocess.Popen(start["local"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        assert local.stdout.readline().startswith("attempt")  # running, about to start Ray
+        time.sleep(1)
         released = time.time()
-    inits = {}
-    for kind, child in children.items():
-        stdout = child.communicate(timeout=60)[0]
-        assert child.returncode == 0, stdout
-        inits[kind] = float(stdout.split("init ")[1])
-    assert inits["local"] >= released  # held back until the other start-up was done
-    assert inits["cluster"] < released  # joining a running cluster starts nothing: no wait
+    stdout = local.communicate(timeout=60)[0]
+    assert local.returncode == 0, stdout
+    assert float(stdout.split("init ")[1]) >= released  # held back until the other start-up was done
