@@ -78,8 +78,10 @@ def test_streaming_rounds(tmp_path, mode, extra):
             assert first_train >= last_ready  # the serial baseline waits for the whole round
         else:
             assert first_train < last_ready  # CGP: training overlapped generation
-        width = tl["settings"]["F_w"]  # U = 4, or with frontier_width=auto: U in round 1, then measured
-        assert (i == 2 or width == 4) and 4 <= width <= 16
+        # F_w: U = 4 for hold and priority (with frontier_width=auto: U in round 1, then measured); sync runs under
+        # the default strength, paced, whose width is the engine's (R here), unused: sync admits the whole round
+        width = tl["settings"]["F_w"]
+        assert (i == 2 or width == (16 if mode == "sync" else 4)) and 4 <= width <= 16
         beyond = admitted_beyond_frontier(tl["groups"], width=width)
         if "rolloutpipe.fgd_strength=hold" in extra:
             assert beyond == []  # hold: nothing entered the engine past the frontier
