@@ -19,8 +19,8 @@ from tqdm import tqdm
 
 from ..logs import get_logger
 from ..pipeline import PREFIX
-from ..pipeline.frontier import resolve_frontier_width
-from ..pipeline.modes import AUTO_WIDTH, STOCK, FgdStrength, parse_mode_spec
+from ..pipeline.frontier import mode_width_setting, resolve_frontier_width
+from ..pipeline.modes import AUTO_WIDTH, STOCK, parse_mode_spec
 from ..workloads import LengthProfile, describe, round_lengths
 from .agent_loop import AGENT_NAME, LENGTHS_COLUMN
 from .verl_round import verl_round
@@ -82,8 +82,7 @@ def _pipe_for(trainer, mode: str, num_groups: int):
     the spec's strength is paced, which takes its own; resolved for this mode's strength and this R."""
     spec = parse_mode_spec(mode)
     strength = spec.fgd_strength or trainer.pipe.fgd_strength
-    setting = spec.frontier_width or (None if strength == FgdStrength.PACED
-                                      else trainer.config.rolloutpipe.frontier_width)
+    setting = mode_width_setting(spec.frontier_width, strength, trainer.config.rolloutpipe.frontier_width)
     auto = setting == AUTO_WIDTH
     if auto:
         width = trainer.pipe.step_groups

@@ -177,6 +177,13 @@ def resolve_frontier_width(setting: int | str | None, strength: str, step_groups
     return setting
 
 
+def mode_width_setting(spec_width: str | int | None, strength: str, config_setting: str | int | None
+                       ) -> str | int | None:
+    """The width setting a bench mode spec (``cgp_fgd:hold/4``) runs with: the spec's, else the config's unless the
+    strength is paced, which takes its own (a config width sized for hold would narrow paced's engine width)."""
+    return spec_width or (None if strength == FgdStrength.PACED else config_setting)
+
+
 def make_admission(
     mode: str, frontier_width: int, strength: str = FgdStrength.HOLD, target_running: int | None = None
 ) -> AdmissionPolicy:

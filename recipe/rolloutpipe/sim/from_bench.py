@@ -18,8 +18,8 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..pipeline.frontier import resolve_frontier_width
-from ..pipeline.modes import AUTO_WIDTH, STOCK, FgdStrength, parse_mode_spec
+from ..pipeline.frontier import mode_width_setting, resolve_frontier_width
+from ..pipeline.modes import AUTO_WIDTH, STOCK, parse_mode_spec
 from ..workloads import LengthProfile, round_lengths
 from .calibrate import bisect_increasing, fit_engine_scale
 from .simulator import EngineModel, RoundSpec, TrainerModel, simulate_round
@@ -46,7 +46,7 @@ def _spec(mode: str, num_groups: int, settings: dict, metrics: dict | None = Non
     """The simulator's round for a bench mode; an ``auto`` frontier replays the width the round ran with."""
     m = parse_mode_spec("sync" if mode == STOCK else mode)  # verl's own step is a serial round
     strength = m.fgd_strength or "hold"
-    width = m.frontier_width or (None if strength == FgdStrength.PACED else settings["F_w"])
+    width = mode_width_setting(m.frontier_width, strength, settings["F_w"])
     if width == AUTO_WIDTH:
         width = int((metrics or {}).get("rolloutpipe/frontier_width", settings["U"]))
     else:
