@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import subprocess
 import sys
@@ -60,3 +61,32 @@ def test_a_local_start_waits_for_another_local_start_on_the_machine(tmp_path):
     stdout = local.communicate(timeout=60)[0]
     assert local.returncode == 0, stdout
     assert float(stdout.split("init ")[1]) >= released  # held back until the other start-up was done
+
+
+def test_a_lock_file_that_cannot_be_opened_falls_back_to_a_per_user_lock(tmp_path, monkeypatch):
+    from recipe.rolloutpipe import ray_start
+
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("")  # the shared lock's directory is a file: opening it fails, as a foreign-owned one would
+    monkeypatch.setattr(ray_start, "LOCK_PATH", blocker / "lock")
+    monkeypatch.setattr(ray_start, "USER_LOCK_PATH", tmp_path / "user.lock")
+    warnings: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = warnings.append
+    held = []
+
+    def init():  # while Ray starts, the per-user lock is held: another descriptor cannot take it
+        with open(tmp_path / "user.lock", "rb") as other:
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+
+    ray_start.logger.addHandler(handler)
+    try:
+        ray_start.init_ray_bounded({}, 60.0, local=True, init=init)
+    finally:
+        ray_start.logger.removeHandler(handler)
+    assert held == [True]
+    assert [f"using {tmp_path / 'user.lock'}" in r.getMessage() for r in warnings] == [True]

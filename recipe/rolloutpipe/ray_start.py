@@ -24,7 +24,29 @@ logger = get_logger(__name__)
 EXIT_RAY_START_HUNG = 75  # EX_TEMPFAIL: nothing ran; the same command can be run again as is
 ATTEMPT_ENV = "ROLLOUTPIPE_RAY_START_ATTEMPT"
 LOCK_PATH = Path(tempfile.gettempdir()) / "rolloutpipe-ray-start.lock"
+USER_LOCK_PATH = Path(tempfile.gettempdir()) / f"rolloutpipe-ray-start-{os.getuid()}.lock"  # if LOCK_PATH can't open
 _START_CWD = os.getcwd()  # at import, before Hydra may change directory: where a restart runs the command again
+
+
+def _open_lock() -> int:
+    """A descriptor on ``LOCK_PATH``, or on ``USER_LOCK_PATH`` where that cannot be opened (start-ups are then kept
+    apart per user only). Read-only: ``flock`` needs no write access, so a lock file another user created serves
+    everyone; an existing file is opened without ``O_CREAT``, which ``fs.protected_regular`` refuses on a file another
+    user owns in a sticky temp dir."""
+    for path in (LOCK_PATH, USER_LOCK_PATH):
+        try:
+            try:
+                return os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+                os.fchmod(fd, 0o644)  # readable by other users whatever the umask: they can lock it too
+                return fd
+        except OSError as e:
+            if path == USER_LOCK_PATH:
+                raise
+            logger.warning(f"cannot open Ray's start-up lock {path} ({e.strerror}): using {USER_LOCK_PATH}, which "
+                           "keeps apart only this user's start-ups")
+    raise AssertionError("unreachable")
 
 
 def _kill_started_instance() -> None:
@@ -68,7 +90,7 @@ def init_ray_bounded(kwargs: dict[str, Any], timeout_s: float, *, local: bool,
         import ray
 
         init = ray.init
-    with open(LOCK_PATH, "a") as lock:
+    with os.fdopen(_open_lock(), "rb") as lock:
         if local:
             fcntl.flock(lock, fcntl.LOCK_EX)  # waits while another local instance starts (seconds)
         timer = threading.Timer(timeout_s, _on_deadline, args=(timeout_s,))
