@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> None:
         "max_num_seqs": int(cfg.actor_rollout_ref.rollout.max_num_seqs), "modes": list(bench.modes),
         "rollout_cpus": list(bench.rollout_cpus), "trainer_cpus": list(bench.trainer_cpus),
         "warmup_rounds": int(bench.warmup_rounds), "rounds": int(bench.rounds), "quick": args.quick,
-        "seed": int(bench.seed),
+        "seed": int(bench.seed), "max_prompt_length": int(cfg.data.max_prompt_length),
+        "overrides": list(args.overrides),  # what a result ran on beyond the configs (its data files, R, modes)
         "profiles": OmegaConf.to_container(bench.profiles), "machine": f"{platform.machine()} {len(cores)} cores",
         "wall_s": time.monotonic() - t0,
     }
