@@ -8,13 +8,12 @@ import os
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from recipe.rolloutpipe.bench.agent_loop import parse_lengths
-from recipe.rolloutpipe.bench.pinning import cpu_category, descendants, nice_orchestration, process_title, this_ray_node
+from recipe.rolloutpipe.bench.pinning import cpu_category, descendants, this_ray_node
 from recipe.rolloutpipe.bench.report import markdown, overlap_efficiency_vs_stock, rollout_vs_r, summarize
 from recipe.rolloutpipe.bench.runner import rotated
 from recipe.rolloutpipe.pipeline.modes import ModeSpec, parse_mode_spec
@@ -158,36 +157,6 @@ def test_pinning_stays_inside_its_own_ray_node(monkeypatch):
         os.kill(grandchild, 9)
         child.kill()
         child.wait()
-
-
-def test_orchestration_is_niced_by_kind_inside_its_own_ray_node(monkeypatch):
-    """Processes outside the pools get the niceness asked for their kind; pool processes, kinds asked at 0 and
-    processes outside this run's Ray node keep theirs."""
-    titles = ["ray::IDLE", "ray::WorkerDict", "ray::BenchTaskRunner"]
-    code = ("import subprocess, sys, time; "
-            "cs = [subprocess.Popen(['bash', '-c', f'exec -a {t} sleep 60']) for t in sys.argv[1:]]; "
-            "print(' '.join(str(c.pid) for c in cs), flush=True); time.sleep(60)")
-    node = subprocess.Popen([sys.executable, "-c", code, *titles], stdout=subprocess.PIPE, text=True)
-    pids = dict(zip(titles, map(int, node.stdout.readline().split()), strict=True))
-    try:
-        deadline = time.monotonic() + 30
-        while not all(process_title(p).startswith(t) for t, p in pids.items()):  # until bash has exec'd
-            assert time.monotonic() < deadline, {p: process_title(p) for p in pids.values()}
-            time.sleep(0.05)
-        mine = os.getpriority(os.PRIO_PROCESS, 0)
-        monkeypatch.setenv("RAY_RAYLET_PID", str(node.pid))  # as Ray sets it in every worker of a node
-        niced = nice_orchestration({"ray_daemons": 10, "driver": 0})
-        assert niced == {"ray_daemons": [f"ray::IDLE ({pids['ray::IDLE']})"]}
-        assert os.getpriority(os.PRIO_PROCESS, pids["ray::IDLE"]) == 10
-        assert os.getpriority(os.PRIO_PROCESS, pids["ray::WorkerDict"]) == 0  # a pool's
-        assert os.getpriority(os.PRIO_PROCESS, pids["ray::BenchTaskRunner"]) == 0  # driver: asked 0
-        assert os.getpriority(os.PRIO_PROCESS, 0) == mine  # not in the node
-        assert nice_orchestration({"ray_daemons": 0, "driver": 0}) == {}  # the default changes nothing
-    finally:
-        for p in pids.values():
-            os.kill(p, 9)
-        node.kill()
-        node.wait()
 
 
 def test_rollout_calls_summary_pairs_rounds_and_measures_the_machine_drift():

@@ -67,12 +67,6 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"rolloutpipe bench: rolloutpipe.bench.rollout_cpus={list(bench.rollout_cpus)} and "
                          f"trainer_cpus={list(bench.trainer_cpus)} must be disjoint cores of this machine "
                          f"{sorted(cores)}")
-    nice = dict(bench.get("orchestration_nice") or {})
-    if set(nice) - {"driver", "ray_daemons", "other"} or not all(isinstance(n, int) and 0 <= n <= 19
-                                                                 for n in nice.values()):
-        raise SystemExit(f"rolloutpipe bench: rolloutpipe.bench.orchestration_nice={nice}: use kinds of the processes "
-                         "outside the pools (driver, ray_daemons, other) with a niceness from 0 (as started) to 19, "
-                         "e.g. {ray_daemons: 10, driver: 0}")
     prepare_runtime(cfg, worker_env=pool_env(list(bench.rollout_cpus), list(bench.trainer_cpus)))
     import ray
 

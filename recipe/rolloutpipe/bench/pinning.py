@@ -146,31 +146,3 @@ def pin_pools(rollout_cpus: list[int], trainer_cpus: list[int]) -> dict[str, lis
     if not pinned["rollout"] or not pinned["trainer"]:
         raise RuntimeError(f"rolloutpipe bench: could not find both pools to pin: {pinned}")
     return pinned
-
-
-def nice_orchestration(levels: dict[str, int]) -> dict[str, list[str]]:
-    """Lower the CPU priority of this Ray node's processes outside the pools (below its raylet, the raylet included;
-    the GCS, the driver's child, is not reached), by ``cpu_category``
-    (``{"ray_daemons": 10, "driver": 0}``; 0 leaves a category as started), every thread of each (Linux's niceness
-    is per thread; threads created later inherit it). Why: orchestration is unpinned, so on a core both pools keep
-    busy it takes the pool's time (in a balanced round ~0.8 s of the trainer's); niced, it runs mostly in the pools'
-    slack -- the trainer's waits, the rollout's tail. Returns ``{category: [title (pid)]}`` of the processes niced."""
-    niced: dict[str, list[str]] = {c: [] for c, n in levels.items() if n}
-    scope = this_ray_node()
-    if not niced or scope is None:
-        return niced
-    for pid in sorted(scope):
-        title = process_title(pid)
-        category = cpu_category(title)
-        if category not in niced:
-            continue
-        try:
-            for task in Path(f"/proc/{pid}/task").iterdir():
-                try:
-                    os.setpriority(os.PRIO_PROCESS, int(task.name), int(levels[category]))
-                except OSError:  # the thread exited meanwhile
-                    pass
-        except OSError:  # the process exited meanwhile
-            continue
-        niced[category].append(f"{(title.split() or ['?'])[0]} ({pid})")
-    return niced

@@ -142,7 +142,7 @@ def run_setting(trainer, profile: LengthProfile, num_groups: int, modes: list[st
                 out_dir: Path) -> list[dict]:
     """Every round of one (workload, R), all modes interleaved round by round (order rotated); one result per
     mode with its rounds in order."""
-    from .pinning import nice_orchestration, pin_pools
+    from .pinning import pin_pools
 
     per_mode: dict[str, list[dict]] = {m: [] for m in modes}
     pinned: dict = {}
@@ -151,7 +151,6 @@ def run_setting(trainer, profile: LengthProfile, num_groups: int, modes: list[st
         for position, mode in enumerate(rotated(modes, i)):
             # again before each round: verl starts some rollout actors (agent-loop workers, ...) lazily
             pinned = pin_pools(list(bench.rollout_cpus), list(bench.trainer_cpus))
-            nice_orchestration(dict(bench.get("orchestration_nice") or {}))
             rec = run_round(trainer, profile, num_groups, mode, i, bench, out_dir,
                             draw_png=i == int(bench.warmup_rounds))  # one Gantt PNG per mode and setting
             rec["position_in_round"] = position
