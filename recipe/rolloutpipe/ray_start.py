@@ -39,7 +39,10 @@ def _open_lock() -> int:
                 return os.open(path, os.O_RDONLY)
             except FileNotFoundError:
                 fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
-                os.fchmod(fd, 0o644)  # readable by other users whatever the umask: they can lock it too
+                try:
+                    os.fchmod(fd, 0o644)  # readable by other users whatever the umask: they can lock it too
+                except OSError:  # another user created it in between: its mode is theirs to set
+                    pass
                 return fd
         except OSError as e:
             if path == USER_LOCK_PATH:
