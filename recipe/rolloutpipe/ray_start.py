@@ -28,28 +28,30 @@ USER_LOCK_PATH = Path(tempfile.gettempdir()) / f"rolloutpipe-ray-start-{os.getui
 _START_CWD = os.getcwd()  # at import, before Hydra may change directory: where a restart runs the command again
 
 
+def _open_read_only(path: Path) -> int:
+    """Read-only: ``flock`` needs no write access, so a lock file another user created serves everyone; an existing
+    file is opened without ``O_CREAT``, which ``fs.protected_regular`` refuses on a file another user owns in a sticky
+    temp dir."""
+    try:
+        return os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+        try:
+            os.fchmod(fd, 0o644)  # readable by other users whatever the umask: they can lock it too
+        except OSError:  # another user created it in between: its mode is theirs to set
+            pass
+        return fd
+
+
 def _open_lock() -> int:
     """A descriptor on ``LOCK_PATH``, or on ``USER_LOCK_PATH`` where that cannot be opened (start-ups are then kept
-    apart per user only). Read-only: ``flock`` needs no write access, so a lock file another user created serves
-    everyone; an existing file is opened without ``O_CREAT``, which ``fs.protected_regular`` refuses on a file another
-    user owns in a sticky temp dir."""
-    for path in (LOCK_PATH, USER_LOCK_PATH):
-        try:
-            try:
-                return os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
-                try:
-                    os.fchmod(fd, 0o644)  # readable by other users whatever the umask: they can lock it too
-                except OSError:  # another user created it in between: its mode is theirs to set
-                    pass
-                return fd
-        except OSError as e:
-            if path == USER_LOCK_PATH:
-                raise
-            logger.warning(f"cannot open Ray's start-up lock {path} ({e.strerror}): using {USER_LOCK_PATH}, which "
-                           "keeps apart only this user's start-ups")
-    raise AssertionError("unreachable")
+    apart per user only)."""
+    try:
+        return _open_read_only(LOCK_PATH)
+    except OSError as e:
+        logger.warning(f"cannot open Ray's start-up lock {LOCK_PATH} ({e.strerror}): using {USER_LOCK_PATH}, which "
+                       "keeps apart only this user's start-ups")
+        return _open_read_only(USER_LOCK_PATH)
 
 
 def _kill_started_instance() -> None:
