@@ -2,7 +2,8 @@
 
 Two ways to train a round's optimizer steps:
 
-- ``train_unit: step`` -- one worker call per optimizer step (U complete groups, all present):
+- ``train_unit: step`` -- one worker call per optimizer step (U complete groups, all present; ``sync``: one call for
+  the whole round, which verl's update splits into its R/U mini-batch steps, as its own trainer does):
   ``update_actor_in_round`` computes π_old in the same call (live weights on the round's first step, the round-start
   snapshot after) and then runs verl's own update; verl's loss normalisation per mini-batch is already the serial
   run's, and the LR scheduler is held until ``end_round`` (verl steps it once per round).
@@ -83,7 +84,8 @@ class StreamingActorMixin:
     # ---- one optimizer step per call: π_old and verl's update fused, the LR schedule stepped per round --------------
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def update_actor_in_round(self, data):  # verl TensorDict in/out
-        """verl's ``update_actor`` for one of a round's optimizer steps (``train_unit: step``).
+        """verl's ``update_actor`` for one of a round's optimizer steps (``train_unit: step``), or -- ``sync`` -- for
+        all of them, split into mini-batch steps by verl as its own trainer's one update call per round.
 
         π_old comes from the batch's ``OLD_LOG_PROB_FROM`` meta key: ``live`` / ``snapshot`` -- computed here, in the
         same call, under weights v (the live weights before the round's first optimizer step, the snapshot after it)
@@ -96,7 +98,11 @@ class StreamingActorMixin:
         from verl.utils import tensordict_utils as tu
 
         logp = self._old_log_probs_in_call(data, "update_actor_in_round")
-        self._fit_micro_batches(data, self.actor.engine_config.micro_batch_size_per_gpu)
+        # the micro-batch must divide a mini-batch (U*K rows: one step), which a whole round's call splits into
+        mini = tu.get(data, "mini_batch_size", default=None)  # verl's _update_actor sets it: U*K
+        dp = self.actor.engine.get_data_parallel_size()
+        per_rank = data.shape[0] if mini is None else min(data.shape[0], mini // dp)
+        self._fit_micro_batches(data, self.actor.engine_config.micro_batch_size_per_gpu, rows=per_rank)
         with self._lr_schedule_held():
             update = self.actor.train_mini_batch(data=data)
         if update is None or logp is None:
@@ -140,11 +146,12 @@ class StreamingActorMixin:
         with self._rp_snapshot.swapped_in(self._params()):
             return self._infer(data)
 
-    def _fit_micro_batches(self, data, configured: int | None):
-        """A call of fewer rows than verl's micro-batch: the largest one that divides it (``fitting_micro_batch``)."""
+    def _fit_micro_batches(self, data, configured: int | None, rows: int | None = None):
+        """A call (or ``rows``: its mini-batch) of fewer rows than verl's micro-batch: the largest one that divides
+        it (``fitting_micro_batch``)."""
         from verl.utils import tensordict_utils as tu
 
-        fit = fitting_micro_batch(data.shape[0], configured, self.actor.engine_config.use_dynamic_bsz)
+        fit = fitting_micro_batch(rows or data.shape[0], configured, self.actor.engine_config.use_dynamic_bsz)
         if fit is not None:
             tu.assign_non_tensor(data, micro_batch_size_per_gpu=fit)
         return data

@@ -84,13 +84,25 @@ def drive_round(data, R: int, K: int, U: int, mode: str, width: int, strength: s
                     rnd.materialized(gid)
                 admit()
         else:
-            d = rnd.take(whole_step=False, max_groups=data.draw(st.integers(1, U + 1)))
-            assert d is not None and d.version == 3
+            whole = data.draw(st.booleans())  # the trainer's two ways: whole steps (sync: the whole round) or pieces
+            d = rnd.take(whole_step=whole, max_groups=None if whole else data.draw(st.integers(1, U + 1)))
+            if d is None:  # whole steps only: the open step's groups are not all there yet
+                assert whole and not ledger.rollout_closed
+                continue
+            assert d.version == 3
             assert d.group_ids or (d.ends_step and current_step)  # an empty dispatch only closes an open step
+            if d.group_ids:  # the groups' own step indices are exactly the dispatch's steps
+                assert {ledger.group(g).step_index for g in d.group_ids} == set(range(d.step_index,
+                                                                                      d.step_index + d.steps))
+            assert d.steps == 1 or (mode == "sync" and whole and ledger.rollout_closed)  # only sync's whole round
             rnd.trained(d, clock.now(), clock.now(), trainer_version=3)
             admit()  # consumption frees buffer room
             consumed.extend(d.group_ids)
-            current_step.extend(d.group_ids)
+            for gid in d.group_ids:  # a dispatch over several steps: each of its steps but the last closes inside
+                if current_step and ledger.group(gid).step_index != ledger.group(current_step[0]).step_index:
+                    steps.append(current_step)
+                    current_step = []
+                current_step.append(gid)
             if d.ends_step:
                 steps.append(current_step)
                 current_step = []
@@ -369,11 +381,38 @@ def test_sync_overlap_efficiency_is_zero():
         clock.advance_to(t)
         rnd.served(g)
         rnd.materialized(g)
-    for a, b in ((4, 6), (6, 7)):
-        rnd.trained(rnd.take(), a, b, trainer_version=0)
+    d = rnd.take()  # the serial baseline: the whole round in one call, as verl's update_actor (2 steps of U=1)
+    assert d.group_ids == (0, 1) and (d.step_index, d.steps, d.steps_closed) == (0, 2, 2)
+    rnd.trained(d, 4, 7, trainer_version=0)
+    assert rnd.take() is None and rnd.fifo.exhausted
+    assert rnd.timeline.calls_per_step() == [1, 1] and rnd.timeline.trainer_calls() == 1
     m = rnd.timeline.metrics()
     assert m[PREFIX + "overlap_efficiency"] == 0.0 and m[PREFIX + "trainer_wait_ratio"] == pytest.approx(4 / 7)
-    assert math.isclose(m[PREFIX + "ideal_s"], max(4 + 1, 2 + 3))
+    assert math.isclose(m[PREFIX + "ideal_s"], max(4 + 3 / 2, 2 + 3))  # the call's last step: half of it
+
+
+def test_sync_trains_whole_steps_in_one_call_and_a_short_last_step_after():
+    rnd = make_round(5, U=2, mode="sync", max_extra_groups=0)
+    rnd.admit()
+    for gid in range(5):
+        rnd.served(gid)
+        if gid == 3:
+            rnd.filtered(gid)  # no replacement: the round is short by one, its last step has one group
+        else:
+            rnd.materialized(gid)
+    assert rnd.take(whole_step=False).group_ids == (0, 1)  # pieces: one step at a time, as before
+    d = rnd.take()
+    assert d.group_ids == (2, 4) and (d.step_index, d.steps, d.ends_step) == (1, 1, True)
+    rnd2 = make_round(7, U=2, mode="sync")
+    rnd2.admit()
+    for gid in range(7):
+        rnd2.served(gid)
+        rnd2.materialized(gid)
+    whole, short = rnd2.take(), rnd2.take()
+    assert whole.group_ids == (0, 1, 2, 3, 4, 5) and (whole.steps, whole.ends_step) == (3, True)
+    assert short.group_ids == (6,) and (short.step_index, short.steps, short.ends_step) == (3, 1, True)
+    assert [rnd2.ledger.group(g).step_index for g in range(7)] == [0, 0, 1, 1, 2, 2, 3]
+    assert rnd2.take() is None and rnd2.fifo.exhausted
 
 
 def test_pipeline_imports_nothing_heavy():

@@ -67,8 +67,13 @@ def test_streaming_rounds(tmp_path, mode, extra):
     for i in (1, 2):
         tl = json.loads((tmp_path / "tl" / f"round{i:04d}_{mode}.json").read_text())
         assert len(tl["groups"]) == 16 and all(g["state"] == "consumed" for g in tl["groups"])
-        steps = sorted({iv["step_index"] for iv in tl["intervals"]})
+        steps = sorted({s for iv in tl["intervals"] for s in range(iv["step_index"], iv["step_index"] + iv["steps"])})
         assert steps == [0, 1, 2, 3]  # R/U optimizer steps, U whole groups each
+        # a trainer call per step; sync: one for the round, as verl's trainer (its update splits the steps), whose
+        # steps are the serial run's: U groups each in data order
+        assert tl["metrics"]["rolloutpipe/trainer_calls"] == (1 if mode == "sync" else 4)
+        if mode == "sync":
+            assert sorted((g["order"], g["step_index"]) for g in tl["groups"]) == [(i, i // 4) for i in range(16)]
         assert sorted(g for iv in tl["intervals"] for g in iv["group_ids"]) == list(range(16))  # each once
         m = tl["metrics"]
         assert m["rolloutpipe/rollout_to_train_end_s"] > 0 and 0 <= m["rolloutpipe/trainer_wait_ratio"] <= 1

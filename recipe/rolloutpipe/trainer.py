@@ -123,8 +123,10 @@ class RoundResult:
 
     metrics: dict
     trained: list[DataProto]  # the training rows in training order, one entry per trainer call
-    step_outputs: list[DataProto]  # verl's update output per optimizer step
-    calls_per_step: list[int]  # trainer calls that trained groups, per optimizer step
+    step_outputs: list[DataProto]  # verl's update output per optimizer step (sync: one for the round, its metrics
+    # one list entry per step, as verl's update_actor returns them)
+    calls_per_step: list[int]  # trainer calls that trained groups, per optimizer step (sync: its one call counts for
+    # each)
     timeline: RoundTimeline
     timeline_path: Path  # its JSON (a .trace.json and, on some rounds, a Gantt .png beside it)
 
@@ -351,7 +353,9 @@ class RolloutPipeTrainer(RayPPOTrainer):
                            max_buffered_groups=pipe.max_buffered_groups, max_extra_groups=pipe.max_extra_groups)
         rnd = Round(self.weights_version, shape, self.clock)
         rnd.timeline.settings["train_unit"] = pipe.train_unit
-        later_steps = pipe.step_groups < pipe.num_groups
+        # π_old of a later optimizer step comes from the round-start snapshot -- not needed when one call trains
+        # the round (sync with train_unit=step: π_old of every group before its first step, as verl's trainer)
+        later_steps = pipe.step_groups < pipe.num_groups and not (pipe.mode == "sync" and pipe.train_unit == "step")
         snapshot = self.actor_rollout_wg.begin_round(snapshot=pipe.old_log_prob == "snapshot" and later_steps,
                                                      placement=self.config.rolloutpipe.snapshot_placement)[0]
         stream = GroupRolloutStream(self.async_rollout_manager.agent_loop_workers, pipe.group_size)
@@ -402,8 +406,15 @@ class RolloutPipeTrainer(RayPPOTrainer):
         if rows is None and not (run.pipe.train_unit == "groups" and d.ends_step):
             return
         t0 = self.clock.now()
-        whole = run.pipe.train_unit == "step" and len(d.group_ids) == run.pipe.step_groups  # else a short last step
+        # whole steps (sync: the whole round's) in one verl update call; else a short last step
+        whole = run.pipe.train_unit == "step" and len(d.group_ids) == run.pipe.step_groups * d.steps
+        order = None
+        if whole and d.steps > 1 and (dp := self._data_parallel_size) > 1:  # verl's mini-batch s = step s's groups
+            order = dp_step_order(len(rows), len(rows) // d.steps, dp)
+            rows = rows.select_idxs(order)
         out = self._train_step(rows, d.step_index) if whole else self._train_groups(rows, d)
+        if order is not None:  # back in training order, with what the call added (π_old, ref, KL-penalised reward)
+            rows = rows.select_idxs(np.argsort(order))
         run.rnd.trained(d, t0, self.clock.now(), trainer_version=self.weights_version)
         if out is not None:
             run.step_outputs.append(out)
@@ -552,7 +563,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
     def _train_step(self, rows: DataProto, step_index: int) -> DataProto:
         """``train_unit: step``: the whole step (its U groups) in one worker call, verl's update with π_old computed
         in the same call (``update_actor_in_round``); with π_old from the rollout, or with sequence parallelism
-        (π_old then needs a call of its own), the rows bring it."""
+        (π_old then needs a call of its own), the rows bring it. ``sync`` sends its whole round here: verl's update
+        splits it into its R/U mini-batch steps, π_old of all of them from the live weights first."""
         return self._train_call(rows, step_index, self.actor_rollout_wg.update_actor_in_round)
 
     def _train_call(self, rows: DataProto, step_index: int, worker_call, **meta) -> DataProto:
@@ -586,6 +598,12 @@ class RolloutPipeTrainer(RayPPOTrainer):
         if in_call:  # π_old back in the rows, padded as verl's _compute_old_log_prob returns it (metrics, checks)
             rows.batch["old_log_probs"] = no_padding_2_padding(tu.get(sent["out"], "log_probs"), sent["td"]).float()
         return out
+
+    @property
+    def _data_parallel_size(self) -> int:
+        """Ranks verl's update splits a batch between (sequence-parallel ranks share their rows)."""
+        sp = int(self.config.actor_rollout_ref.actor.get("ulysses_sequence_parallel_size", 1))
+        return self.actor_rollout_wg.world_size // sp
 
     @property
     def _fused_update(self) -> bool:
@@ -648,6 +666,14 @@ class DisaggregatedRolloutPipeTrainer(RolloutPipeTrainer, OneStepOffRayTrainer):
 def _count_tokens(rows: DataProto) -> None:
     """verl's per-sequence token counts for its throughput metrics (its trainer sets them before the update)."""
     rows.meta_info["global_token_num"] = rows.batch["attention_mask"].sum(dim=-1).tolist()
+
+
+def dp_step_order(rows: int, rows_per_step: int, dp: int) -> list[int]:
+    """verl's update call splits its batch into ``dp`` contiguous chunks, one per rank, and each rank then walks its
+    chunk mini-batch by mini-batch. So that mini-batch s of every rank is that rank's share of step s -- as in a
+    one-step call -- rows in step order go to the call rank by rank, step by step: this permutation."""
+    share, steps = rows_per_step // dp, rows // rows_per_step
+    return [s * rows_per_step + r * share + i for r in range(dp) for s in range(steps) for i in range(share)]
 
 
 def request_seed(base: int, round_index: int, group_id: int, group_size: int) -> int:

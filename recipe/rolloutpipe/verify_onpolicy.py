@@ -56,20 +56,15 @@ from verl.trainer.ppo.ray_trainer import apply_kl_penalty, compute_advantage
 from .logs import get_logger
 from .provenance import git_commit, machine
 from .rollout_stream import GroupRequest, GroupRolloutStream
-from .trainer import request_seed
+from .trainer import dp_step_order, request_seed
 
 R, U = 16, 4
 logger = get_logger("recipe.rolloutpipe.verify_onpolicy")
 
 
 def serial_order_for_dp(rows: DataProto, rows_per_step: int, dp: int) -> DataProto:
-    """verl's serial update splits the round's batch into ``dp`` contiguous chunks, one per rank, and each rank
-    then walks its chunk mini-batch by mini-batch. So that mini-batch s of every rank is that rank's share of step
-    s -- as in a one-step call, and as in the pipelined run -- the rows go rank by rank, step by step (a copy)."""
-    share = rows_per_step // dp
-    steps = len(rows) // rows_per_step
-    return rows.select_idxs([s * rows_per_step + r * share + i
-                             for r in range(dp) for s in range(steps) for i in range(share)])
+    """The rows in the order verl's one update call over several steps needs (``dp_step_order``; a copy)."""
+    return rows.select_idxs(dp_step_order(len(rows), rows_per_step, dp))
 
 
 def _max_abs_diff(a: dict, b: dict) -> float:

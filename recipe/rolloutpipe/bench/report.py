@@ -18,7 +18,7 @@ FORWARD = "rollout:VLLM::Worker"  # the rollout pool's process that runs the mod
 METRICS = ("rollout_to_train_end_s", "trainer_wait_ratio", "first_dispatch_s", "overlap_efficiency",
            "trainer_busy_s", "rollout_s", "ideal_s", "serial_estimate_s", "trainer_wait_before_first_s", "publish_s",
            "old_log_prob_s", "worker_compute_s", "worker_infer_s", "worker_train_s", "call_overhead_s",
-           "call_overhead_share")
+           "call_overhead_share", "trainer_calls")
 # the critical path of rollout-to-train-end, in order; the parts add up to it (update: the rest of the trainer calls)
 CRITICAL_PATH = (("wait_no_group_yet_s", "waiting: no trainable group yet"),
                  ("wait_groups_generating_s", "waiting: later groups still generating"),
@@ -271,11 +271,13 @@ def markdown(summary: dict[str, Any]) -> str:
     lines += ["", "The trainer pool's calls: compute inside the worker (verl's train/infer) and the rest of the calls' "
               "wall time (Ray round trip, (de)serialisation, verl's and the driver's batch preparation), per round, "
               "medians:", "",
-              "| workload | R | mode | trainer calls (s) | worker compute (s) | of it π_old (s) | of it update (s) | "
-              "per-call overhead (s) | share |", "|---" * 9 + "|"]
+              "| workload | R | mode | calls | trainer calls (s) | worker compute (s) | of it π_old (s) | "
+              "of it update (s) | per-call overhead (s) | share |", "|---" * 10 + "|"]
     nan = float("nan")
     for r in summary["records"]:
-        lines.append(f"| {r['workload']} | {r['R']} | {r['mode']} | {_fmt(r['trainer_busy_s'])} | "
+        calls = r.get("trainer_calls", nan)
+        lines.append(f"| {r['workload']} | {r['R']} | {r['mode']} | {'–' if calls != calls else f'{calls:.0f}'} | "
+                     f"{_fmt(r['trainer_busy_s'])} | "
                      f"{_fmt(r.get('worker_compute_s', nan))} | {_fmt(r.get('worker_infer_s', nan))} | "
                      f"{_fmt(r.get('worker_train_s', nan))} | {_fmt(r.get('call_overhead_s', nan))}"
                      f" | {_fmt(r.get('call_overhead_share', nan), True)} |")

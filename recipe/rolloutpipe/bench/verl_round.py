@@ -91,6 +91,7 @@ def verl_round(trainer, batch) -> dict[str, Any]:
         "serial_estimate_s": rollout + busy,
         "publish_s": t["published"] - t["trained"],
         "groups_trained": float(len(rows) // k),
+        "trainer_calls": 2.0,  # compute_log_prob (π_old), update_actor
     }
     out = {PREFIX + key: float(v) for key, v in metrics.items()}
     out["critic/score/mean"] = float(trainer.reward_tensor.sum(-1).mean())

@@ -1,7 +1,9 @@
 """CGP: the FIFO of materialized groups the trainer consumes, and where the optimizer steps fall.
 
 The FIFO is a cursor over the ledger's materialization order, so a group cannot be queued twice or skipped.
-Mode ``sync`` is the serial baseline on the same code path: nothing is released until the round's data is final.
+Mode ``sync`` is the serial baseline on the same code path: nothing is released until the round's data is final,
+and then -- when the trainer takes whole steps -- the whole round in one dispatch, as verl's trainer updates a round
+in one call (R/U optimizer steps inside it).
 """
 
 from __future__ import annotations
@@ -17,12 +19,20 @@ DispatchMode = Literal["sync", "cgp"]
 
 @dataclass(frozen=True)
 class Dispatch:
-    """Whole groups handed to the trainer in one call. ``ends_step``: take the optimizer step after training them."""
+    """Whole groups handed to the trainer in one call. ``ends_step``: take the optimizer step after training them.
+    ``steps``: the optimizer steps the groups belong to, ``step_index`` onwards (more than one only for a whole
+    round in one call: each of its steps but the last closes inside the call)."""
 
     group_ids: tuple[int, ...]
     step_index: int
     ends_step: bool
     version: int
+    steps: int = 1
+
+    @property
+    def steps_closed(self) -> int:
+        """Optimizer steps taken by the call that trains this dispatch."""
+        return self.steps - 1 + int(self.ends_step)
 
     @property
     def training_order(self) -> tuple[int, ...]:
@@ -94,9 +104,9 @@ class CompleteGroupFIFO:
         """Next groups for the trainer, or None if none may go now.
 
         ``max_groups`` caps the call (a micro-batch of groups); ``whole_step`` waits until the rest of the current
-        optimizer step is available, so the trainer can do one call per step (cheaper on Ray). If the round closes
-        short while a step is open (its last groups were filtered), one empty dispatch with ``ends_step`` says
-        "take that step now".
+        optimizer step is available, so the trainer can do one call per step (cheaper on Ray) -- in ``sync`` mode
+        the whole round's steps in one call (``_whole_round``). If the round closes short while a step is open (its
+        last groups were filtered), one empty dispatch with ``ends_step`` says "take that step now".
         """
         if max_groups is not None and max_groups < 1:
             raise ValueError(f"max_groups must be >= 1, got {max_groups}")
@@ -111,15 +121,24 @@ class CompleteGroupFIFO:
         if whole_step and avail < left and not final:
             return None
         n = min(avail, left, max_groups or left)
+        if whole_step and max_groups is None and self._whole_round():
+            n = avail - avail % self.step_groups or avail  # whole steps; a short last step alone, after them
         start = self._cursor
         step_index = start // self.step_groups
         ids = tuple(self._dispatch_order()[start : start + n])
-        for gid in ids:
-            self.ledger.dispatch(gid, step_index)
+        for i, gid in enumerate(ids):
+            self.ledger.dispatch(gid, (start + i) // self.step_groups)
         self._cursor += n
-        ends_step = n == left or (final and self._cursor == self.ledger.num_trainable)
+        steps = (start + n - 1) // self.step_groups - step_index + 1
+        ends_step = self._cursor % self.step_groups == 0 or (final and self._cursor == self.ledger.num_trainable)
         self._step_open = not ends_step
-        return Dispatch(group_ids=ids, step_index=step_index, ends_step=ends_step, version=self.ledger.version)
+        return Dispatch(group_ids=ids, step_index=step_index, ends_step=ends_step, version=self.ledger.version,
+                        steps=steps)
+
+    def _whole_round(self) -> bool:
+        """The serial baseline's release: the round's data is final and no step is open, so everything left goes in
+        one call, as verl's ``update_actor`` takes a round (one π_old pass, then its R/U mini-batch steps)."""
+        return self.mode == "sync" and self.ledger.rollout_closed and not self._step_open
 
     def check_drained(self) -> None:
         if not self.exhausted:

@@ -138,10 +138,7 @@ class MeasuredFrontierWidth:
         admitted, served = GroupState.ADMITTED.value, GroupState.SERVING_COMPLETE.value
         serve = [g["times"][served] - g["times"][admitted] for g in timeline.groups
                  if admitted in g["times"] and served in g["times"]]
-        step_s: dict[int, float] = {}
-        for iv in timeline.intervals:
-            if iv.kind == "train":
-                step_s[iv.step_index] = step_s.get(iv.step_index, 0.0) + iv.end - iv.start
+        step_s = timeline.seconds_per_step()
         if serve and step_s and (step := statistics.median(step_s.values())) > 0:
             wanted = math.ceil(self.step_groups * statistics.median(serve) / step)
             self.width = min(self.num_groups, max(self.step_groups, wanted))

@@ -148,7 +148,7 @@ class Round:
         """The trainer computed on ``d`` from ``start`` to ``end`` with weights ``trainer_version`` (must be the
         round's: anything else is off-policy and raises)."""
         with self._cond:
-            self.timeline.trainer_busy(start, end, d.step_index, d.group_ids)
+            self.timeline.trainer_busy(start, end, d.step_index, d.group_ids, steps=d.steps)
             self.ledger.consume(d.group_ids, trainer_version=trainer_version)
             self._cond.notify_all()
 

@@ -22,13 +22,19 @@ _ROLLOUT_DONE = (GroupState.MATERIALIZED.value, GroupState.FILTERED.value)
 
 @dataclass(frozen=True)
 class TrainerInterval:
-    """The trainer was computing from ``start`` to ``end`` on ``group_ids`` (of optimizer step ``step_index``)."""
+    """The trainer was computing from ``start`` to ``end`` on ``group_ids`` (of optimizer step ``step_index``, and
+    of the ``steps - 1`` after it when one call trains several steps: ``sync``'s whole round)."""
 
     start: float
     end: float
     step_index: int
     group_ids: tuple[int, ...] = ()
     kind: str = "train"
+    steps: int = 1
+
+    @property
+    def step_indices(self) -> range:
+        return range(self.step_index, self.step_index + self.steps)
 
 
 class RoundTimeline:
@@ -44,17 +50,33 @@ class RoundTimeline:
         self._groups: list[dict[str, Any]] | None = None  # set when loaded from JSON
 
     # ---- recording ---------------------------------------------------------------------------------------------
-    def trainer_busy(
-        self, start: float, end: float, step_index: int, group_ids: tuple[int, ...] = (), kind: str = "train"
-    ) -> None:
+    def trainer_busy(self, start: float, end: float, step_index: int, group_ids: tuple[int, ...] = (),
+                     kind: str = "train", steps: int = 1) -> None:
         if end < start:
             raise ValueError(f"trainer interval ends before it starts: {start} > {end}")
-        self.intervals.append(TrainerInterval(start, end, step_index, tuple(group_ids), kind))
+        if steps < 1:
+            raise ValueError(f"a trainer interval covers at least one optimizer step, got steps={steps}")
+        self.intervals.append(TrainerInterval(start, end, step_index, tuple(group_ids), kind, steps))
 
     def calls_per_step(self) -> list[int]:
-        """Trainer calls that trained groups, per optimizer step (1 each when a step is trained in one call)."""
-        steps = [iv.step_index for iv in self.intervals if iv.kind == "train" and iv.group_ids]
+        """Trainer calls that trained groups, per optimizer step (1 each when a step is trained in one call, and
+        when a whole round is: that call counts for each of its steps)."""
+        steps = [s for iv in self.intervals if iv.kind == "train" and iv.group_ids for s in iv.step_indices]
         return [steps.count(s) for s in range(max(steps) + 1)] if steps else []
+
+    def trainer_calls(self) -> int:
+        """Trainer calls that trained groups in the round."""
+        return sum(1 for iv in self.intervals if iv.kind == "train" and iv.group_ids)
+
+    def seconds_per_step(self, kind: str | None = "train") -> dict[int, float]:
+        """Trainer seconds by optimizer step; a call over several steps is shared evenly between them (its steps
+        are the same shape: U groups each)."""
+        out: dict[int, float] = {}
+        for iv in self.intervals:
+            if kind is None or iv.kind == kind:
+                for s in iv.step_indices:
+                    out[s] = out.get(s, 0.0) + (iv.end - iv.start) / iv.steps
+        return out
 
     def published(self, start: float, end: float) -> None:
         self.publish = (start, end)
@@ -107,8 +129,8 @@ class RoundTimeline:
         t_rollout = max(rollout_done) - t0
         materialized = self._times(GroupState.MATERIALIZED.value)
         first_ready = (min(materialized) - t0) if materialized else math.nan
-        last_step = max(iv.step_index for iv in self.intervals)
-        t_last_step = sum(iv.end - iv.start for iv in self.intervals if iv.step_index == last_step)
+        per_step = self.seconds_per_step(kind=None)
+        t_last_step = per_step[max(per_step)]
         ideal = max(t_rollout + t_last_step, first_ready + t_train)
         serial = t_rollout + t_train
         wait = max(0.0, window - busy)
@@ -125,6 +147,7 @@ class RoundTimeline:
             "serial_estimate_s": serial,
             "overlap_efficiency": (serial - window) / (serial - ideal) if serial - ideal > 1e-9 else math.nan,
             "groups_trained": float(sum(len(iv.group_ids) for iv in self.intervals if iv.kind == "train")),
+            "trainer_calls": float(self.trainer_calls()),
             "groups_filtered": float(counts[GroupState.FILTERED.value]),
             # groups whose requests died with a rollout replica and were generated again (trained once)
             "groups_resent": float(sum(1 for g in self.groups if g.get("resends"))),
@@ -171,7 +194,7 @@ class RoundTimeline:
             for label, a, b in _group_phases(t):
                 ev.append({"ph": "X", "pid": 1, "tid": g["order"], "name": label, "ts": a * us, "dur": (b - a) * us})
         for iv in self.intervals:
-            ev.append({"ph": "X", "pid": 2, "tid": 0, "name": f"{iv.kind} step {iv.step_index}", "ts": iv.start * us,
+            ev.append({"ph": "X", "pid": 2, "tid": 0, "name": f"{iv.kind} {_steps_label(iv)}", "ts": iv.start * us,
                        "dur": (iv.end - iv.start) * us, "args": {"groups": list(iv.group_ids)}})
         if self.publish:
             a, b = self.publish
@@ -247,3 +270,7 @@ def plot_gantt(timelines: list[RoundTimeline], labels: list[str], path: str | Pa
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
+
+
+def _steps_label(iv: TrainerInterval) -> str:
+    return f"step {iv.step_index}" if iv.steps == 1 else f"steps {iv.step_index}-{iv.step_index + iv.steps - 1}"

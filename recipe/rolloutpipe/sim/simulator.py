@@ -211,7 +211,7 @@ def simulate_round(
             set_contention(False)
             return
         set_contention(True)
-        work = trainer.call_overhead_s + (trainer.step_overhead_s if d.ends_step else 0.0)
+        work = trainer.call_overhead_s + trainer.step_overhead_s * d.steps_closed
         for gid in d.group_ids:
             work += (trainer.per_token_s * sum(lengths[gid]) if trainer.per_token_s else trainer.per_group_s)
         if eng.running or eng.waiting:
