@@ -88,10 +88,28 @@ def _weights(ckpt: Path) -> dict[str, torch.Tensor]:
     return {k: (v.to_local() if hasattr(v, "to_local") else v) for k, v in state.items()}
 
 
+def _check_sync_round(tl_dir: Path, i: int) -> None:
+    """A ``sync`` round on the real stack: the serial baseline waits for the whole round, then trains it in one
+    call, as verl's trainer (its update splits the R/U optimizer steps: U groups each, in data order)."""
+    tl = json.loads((tl_dir / f"round{i:04d}_sync.json").read_text())
+    assert len(tl["groups"]) == 16 and all(g["state"] == "consumed" for g in tl["groups"])
+    assert sorted((g["order"], g["step_index"]) for g in tl["groups"]) == [(g, g // 4) for g in range(16)]
+    [call] = [iv for iv in tl["intervals"] if iv["kind"] == "train"]
+    assert (call["step_index"], call["steps"], sorted(call["group_ids"])) == (0, 4, list(range(16)))
+    assert tl["metrics"]["rolloutpipe/trainer_calls"] == 1
+    assert call["start"] >= max(g["times"]["materialized"] for g in tl["groups"])  # after the whole round
+    # sync admits the whole round; it runs under the default strength, paced, whose width is the engine's (R here)
+    assert tl["settings"]["F_w"] == 16 and tl["settings"]["mode"] == "sync"
+    assert (tl_dir / f"round{i:04d}_sync.trace.json").stat().st_size > 0
+
+
 @pytest.mark.real_stack(runs=3)
 def test_killed_trainer_resumes_to_the_uninterrupted_result(tmp_path):
     log_a = _run(_cmd(tmp_path, "a"))
     assert [int(r) for r in ROUND.findall(log_a)] == [1, 2, 3, 4]
+    for i in (1, 2, 3, 4):  # the mode this test runs in (its steps do not depend on completion timing)
+        _check_sync_round(tmp_path / "a_tl", i)
+    assert (tmp_path / "a_tl" / "round0001_sync.png").stat().st_size > 0
 
     # run b: SIGKILL the trainer's FSDP worker as soon as the round-2 checkpoint is complete (round 3 is running)
     log_b1, died = _kill_after_checkpoint(_cmd(tmp_path, "b"), tmp_path / "b", 2, "ray::WorkerDict")

@@ -54,8 +54,7 @@ VERL_GRPO_KEYS = [
     ("cgp_fgd", ["rolloutpipe.fgd_strength=hold", "rolloutpipe.frontier_width=auto"]),
     ("cgp_fgd", ["rolloutpipe.fgd_strength=priority", "actor_rollout_ref.rollout.scheduling_policy=priority",
                  *VERL_GRPO_KEYS]),
-    ("sync", []),
-])
+])  # sync: tests/test_resume.py (its uninterrupted run checks sync's rounds)
 @pytest.mark.real_stack(runs=1)
 def test_streaming_rounds(tmp_path, mode, extra):
     log = run_main(tmp_path, f"rolloutpipe.mode={mode}", "trainer.total_training_steps=2", *extra)
@@ -69,24 +68,16 @@ def test_streaming_rounds(tmp_path, mode, extra):
         assert len(tl["groups"]) == 16 and all(g["state"] == "consumed" for g in tl["groups"])
         steps = sorted({s for iv in tl["intervals"] for s in range(iv["step_index"], iv["step_index"] + iv["steps"])})
         assert steps == [0, 1, 2, 3]  # R/U optimizer steps, U whole groups each
-        # a trainer call per step; sync: one for the round, as verl's trainer (its update splits the steps), whose
-        # steps are the serial run's: U groups each in data order
-        assert tl["metrics"]["rolloutpipe/trainer_calls"] == (1 if mode == "sync" else 4)
-        if mode == "sync":
-            assert sorted((g["order"], g["step_index"]) for g in tl["groups"]) == [(i, i // 4) for i in range(16)]
+        assert tl["metrics"]["rolloutpipe/trainer_calls"] == 4  # one call per optimizer step
         assert sorted(g for iv in tl["intervals"] for g in iv["group_ids"]) == list(range(16))  # each once
         m = tl["metrics"]
         assert m["rolloutpipe/rollout_to_train_end_s"] > 0 and 0 <= m["rolloutpipe/trainer_wait_ratio"] <= 1
         first_train = min(iv["start"] for iv in tl["intervals"])
         last_ready = max(g["times"]["materialized"] for g in tl["groups"])
-        if mode == "sync":
-            assert first_train >= last_ready  # the serial baseline waits for the whole round
-        else:
-            assert first_train < last_ready  # CGP: training overlapped generation
-        # F_w: U = 4 for hold and priority (with frontier_width=auto: U in round 1, then measured); sync runs under
-        # the default strength, paced, whose width is the engine's (R here), unused: sync admits the whole round
+        assert first_train < last_ready  # CGP: training overlapped generation
+        # F_w: U = 4 for hold and priority (with frontier_width=auto: U in round 1, then measured)
         width = tl["settings"]["F_w"]
-        assert (i == 2 or width == (16 if mode == "sync" else 4)) and 4 <= width <= 16
+        assert (i == 2 or width == 4) and 4 <= width <= 16
         beyond = admitted_beyond_frontier(tl["groups"], width=width)
         if "rolloutpipe.fgd_strength=hold" in extra:
             assert beyond == []  # hold: nothing entered the engine past the frontier
