@@ -228,6 +228,11 @@ def test_bench_runs_all_modes_on_the_real_stack(tmp_path):
         assert r["rollout_to_train_end_s"] > 0 and "reduction_vs_sync" in r and r["rollout_train_ratio_sync"] > 0
         assert "reduction_vs_verl" in r and len(r["reduction_vs_verl_ci"]) == 2 and r["waves"] == 4 * 8 / 32
         assert r["cpu_s_per_round"]["rollout"] > 0 and r["cpu_s_per_round"]["trainer"] > 0  # both pools pinned+busy
+    # trainer calls per round (R=4, U=2): verl's step 2 (π_old, update); sync 1 (its round in one call, as verl's
+    # update_actor); a call per optimizer step in cgp; per dispatch with the groups unit (at least one per step)
+    calls = {r["mode"]: r["trainer_calls"] for r in records}
+    assert (calls["stock"], calls["sync"], calls["cgp"], calls["cgp_fgd:paced"]) == (2, 1, 2, 2), calls
+    assert calls["cgp_fgd:priority+groups"] >= 2, calls
     raw_rounds = json.loads((tmp_path / "results" / "bench_raw.json").read_text())["results"]
     stock = raw_rounds[0]["rounds"][0]
     assert stock["verl_timing_s"]["gen"] > 0 and stock["verl_timing_s"]["update_actor"] > 0  # verl's own step ran
