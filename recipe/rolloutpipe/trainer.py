@@ -354,8 +354,10 @@ class RolloutPipeTrainer(RayPPOTrainer):
         rnd = Round(self.weights_version, shape, self.clock)
         rnd.timeline.settings["train_unit"] = pipe.train_unit
         # π_old of a later optimizer step comes from the round-start snapshot -- not needed when one call trains
-        # the round (sync with train_unit=step: π_old of every group before its first step, as verl's trainer)
-        later_steps = pipe.step_groups < pipe.num_groups and not (pipe.mode == "sync" and pipe.train_unit == "step")
+        # the round (sync with train_unit=step: π_old of every group before its first step, as verl's trainer),
+        # unless dynamic sampling can leave it short: its short last step is a call of its own, after the others
+        one_call = pipe.mode == "sync" and pipe.train_unit == "step" and pipe.filter_metric is None
+        later_steps = pipe.step_groups < pipe.num_groups and not one_call
         snapshot = self.actor_rollout_wg.begin_round(snapshot=pipe.old_log_prob == "snapshot" and later_steps,
                                                      placement=self.config.rolloutpipe.snapshot_placement)[0]
         stream = GroupRolloutStream(self.async_rollout_manager.agent_loop_workers, pipe.group_size)
@@ -400,8 +402,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
             for a in admissions])
 
     def _fit_train_dispatch(self, run: _RoundRun, d: Dispatch) -> None:
-        """Train the dispatched groups: one verl update for a whole step (``train_unit: step``), else accumulate
-        them and step when the dispatch closes the optimizer step."""
+        """Train the dispatched groups: one verl update for a whole step (``train_unit: step``; sync: for the round's
+        whole steps), else accumulate them and step when the dispatch closes the optimizer step."""
         rows = DataProto.concat([run.trainable.pop(g) for g in d.training_order]) if d.group_ids else None
         if rows is None and not (run.pipe.train_unit == "groups" and d.ends_step):
             return
