@@ -51,6 +51,7 @@ from .pipeline import (
     RoundAbortedError,
     RoundShape,
     RoundTimeline,
+    trains_after_first_step,
 )
 from .rollout_stream import REQUEST_COLUMNS, GroupRequest, GroupRolloutStream
 from .round_metrics import merge_metric_lists, round_line, round_metrics
@@ -353,11 +354,9 @@ class RolloutPipeTrainer(RayPPOTrainer):
                            max_buffered_groups=pipe.max_buffered_groups, max_extra_groups=pipe.max_extra_groups)
         rnd = Round(self.weights_version, shape, self.clock)
         rnd.timeline.settings["train_unit"] = pipe.train_unit
-        # π_old of a later optimizer step comes from the round-start snapshot -- not needed when one call trains
-        # the round (sync with train_unit=step: π_old of every group before its first step, as verl's trainer),
-        # unless dynamic sampling can leave it short: its short last step is a call of its own, after the others
-        one_call = pipe.mode == "sync" and pipe.train_unit == "step" and pipe.filter_metric is None
-        later_steps = pipe.step_groups < pipe.num_groups and not one_call
+        # π_old of a call after the round's first optimizer step comes from the round-start snapshot
+        later_steps = trains_after_first_step(pipe.mode, pipe.train_unit == "step", pipe.num_groups, pipe.step_groups,
+                                              may_end_short=pipe.filter_metric is not None)
         snapshot = self.actor_rollout_wg.begin_round(snapshot=pipe.old_log_prob == "snapshot" and later_steps,
                                                      placement=self.config.rolloutpipe.snapshot_placement)[0]
         stream = GroupRolloutStream(self.async_rollout_manager.agent_loop_workers, pipe.group_size)

@@ -4,7 +4,7 @@ Imports nothing from verl, vllm, ray or torch (a test checks it); matplotlib is 
 """
 
 from .clock import Clock, ManualClock, MonotonicClock
-from .fifo import CompleteGroupFIFO, Dispatch, DispatchMode, dispatch_mode_of
+from .fifo import CompleteGroupFIFO, Dispatch, DispatchMode, dispatch_mode_of, trains_after_first_step
 from .frontier import (
     AdaptiveFrontierAdmission,
     Admission,
@@ -56,6 +56,7 @@ __all__ = [
     "RoundTimeline",
     "TrainerInterval",
     "dispatch_mode_of",
+    "trains_after_first_step",
     "engine_frontier_width",
     "make_admission",
     "plot_gantt",

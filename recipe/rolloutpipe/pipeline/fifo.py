@@ -46,6 +46,16 @@ def dispatch_mode_of(mode: str) -> DispatchMode:
     return "sync" if mode == Mode.SYNC else "cgp"
 
 
+def trains_after_first_step(mode: str, whole_step: bool, num_groups: int, step_groups: int,
+                            may_end_short: bool) -> bool:
+    """Does a trainer call of the round come after its first optimizer step (so its π_old needs the round-start
+    weights kept aside)? Not when the round has one step, nor when ``take`` releases the whole round in one call
+    (``sync`` with whole steps) -- unless filtering can leave the round short: its short last step is a call after."""
+    if step_groups >= num_groups:
+        return False
+    return not (dispatch_mode_of(mode) == "sync" and whole_step) or may_end_short
+
+
 class CompleteGroupFIFO:
     """Releases materialized groups in materialization order, never across an optimizer-step boundary.
 
