@@ -13,8 +13,6 @@ import pytest
 from rolloutpipe_workers.known_noise import LOG_LINES, WARNINGS
 
 ROOT = Path(__file__).resolve().parents[1]
-ROUND = re.compile(r"\[rolloutpipe\] round (\d+) mode=(\w+) .*?reward=([0-9.]+) rollout_to_train_end=([0-9.]+)s "
-                   r"wait_ratio=([0-9.]+)%")
 
 
 def run_main(tmp_path: Path, *overrides: str) -> str:
@@ -50,41 +48,65 @@ VERL_GRPO_KEYS = [
 ]
 
 
-@pytest.mark.parametrize("mode,extra", [
-    ("cgp_fgd", ["rolloutpipe.fgd_strength=hold", "rolloutpipe.frontier_width=auto"]),
-    ("cgp_fgd", ["rolloutpipe.fgd_strength=priority", "actor_rollout_ref.rollout.scheduling_policy=priority",
-                 *VERL_GRPO_KEYS]),
-])  # sync: tests/test_resume.py (its uninterrupted run checks sync's rounds)
-@pytest.mark.real_stack(runs=1)
-def test_streaming_rounds(tmp_path, mode, extra):
+DYNAMIC_SAMPLING = ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=4"]
+NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
+
+
+# two stack runs, each checking several things (a stack start-up is ~100 s of the suite): the hold frontier with the
+# measured width and verl's dynamic sampling; priority admission with verl's GRPO example keys and validation
+@pytest.mark.parametrize("extra", [
+    ["rolloutpipe.fgd_strength=hold", "rolloutpipe.frontier_width=auto", *DYNAMIC_SAMPLING, *NO_VALIDATION],
+    ["rolloutpipe.fgd_strength=priority", "actor_rollout_ref.rollout.scheduling_policy=priority",
+     "trainer.val_before_train=false", *VERL_GRPO_KEYS],
+], ids=["hold-auto-filter_groups", "priority-verl_grpo_keys"])  # sync: tests/test_resume.py (its uninterrupted
+@pytest.mark.real_stack(runs=1)                                 # run checks sync's rounds)
+def test_streaming_rounds(tmp_path, extra):
+    mode = "cgp_fgd"
     log = run_main(tmp_path, f"rolloutpipe.mode={mode}", "trainer.total_training_steps=2", *extra)
     if VERL_GRPO_KEYS[0] in extra:  # the KL term is in verl's update metrics, once per round
         kl = [float(x) for x in re.findall(r"kl_loss:np\.float64\(([^)]+)\)", log)]
         assert len(kl) == 2 and min(kl) > 0, (kl, log[-3000:])
-    rounds = ROUND.findall(log)
+        # verl's validation (greedy, the val set) after the last round (test_freq > 0), not before training
+        [val] = re.findall(r"\[rolloutpipe\] done: .*? validation \[\(2, ([0-9.]+)\)\]", log)
+        assert 0 <= float(val) <= 1 and "validation after round 0" not in log, log[-3000:]
+    else:
+        assert "validation after round" not in log
+    # the round line has filtered= and short_by= with dynamic sampling only
+    rounds = re.findall(r"\[rolloutpipe\] round (\d+) mode=(\w+) .*?(?:filtered=(\d+) short_by=(\d+) )?timeline=", log)
     assert [(r[0], r[1]) for r in rounds] == [("1", mode), ("2", mode)], log[-3000:]
-    for i in (1, 2):
+    for i, (_, _, filtered, short) in enumerate(rounds, start=1):
+        filtered, short = int(filtered or 0), int(short or 0)
         tl = json.loads((tmp_path / "tl" / f"round{i:04d}_{mode}.json").read_text())
-        assert len(tl["groups"]) == 16 and all(g["state"] == "consumed" for g in tl["groups"])
+        states = [g["state"] for g in tl["groups"]]
+        assert states.count("consumed") == 16 and short == 0  # R groups trained, every round
+        # verl's dynamic sampling (algorithm.filter_groups): a group whose K rewards are all equal is dropped and
+        # replaced by the next prompt (from the next dataloader batch); without it nothing is filtered
+        assert states.count("filtered") == filtered == len(states) - 16
+        consumed = sorted(g["order"] for g in tl["groups"] if g["state"] == "consumed")
         steps = sorted({s for iv in tl["intervals"] for s in range(iv["step_index"], iv["step_index"] + iv["steps"])})
         assert steps == [0, 1, 2, 3]  # R/U optimizer steps, U whole groups each
         assert tl["metrics"]["rolloutpipe/trainer_calls"] == 4  # one call per optimizer step
-        assert sorted(g for iv in tl["intervals"] for g in iv["group_ids"]) == list(range(16))  # each once
+        assert sorted(g for iv in tl["intervals"] for g in iv["group_ids"]) == consumed  # each once
         m = tl["metrics"]
         assert m["rolloutpipe/rollout_to_train_end_s"] > 0 and 0 <= m["rolloutpipe/trainer_wait_ratio"] <= 1
         first_train = min(iv["start"] for iv in tl["intervals"])
-        last_ready = max(g["times"]["materialized"] for g in tl["groups"])
+        last_ready = max(g["times"]["materialized"] for g in tl["groups"] if g["state"] == "consumed")
         assert first_train < last_ready  # CGP: training overlapped generation
         # F_w: U = 4 for hold and priority (with frontier_width=auto: U in round 1, then measured)
         width = tl["settings"]["F_w"]
         assert (i == 2 or width == 4) and 4 <= width <= 16
         beyond = admitted_beyond_frontier(tl["groups"], width=width)
         if "rolloutpipe.fgd_strength=hold" in extra:
-            assert beyond == []  # hold: nothing entered the engine past the frontier
-        elif mode == "cgp_fgd":
+            assert beyond == []  # hold: nothing entered the engine past the frontier (replacements included)
+        else:
             assert beyond  # priority admits everything at once (the engine orders): the check can see a violation
         assert (tmp_path / "tl" / f"round{i:04d}_{mode}.png").stat().st_size > 0
         assert (tmp_path / "tl" / f"round{i:04d}_{mode}.trace.json").stat().st_size > 0
+    if DYNAMIC_SAMPLING[0] in extra:
+        # the embedded default has groups without reward variance: the filter had work, and none trained is one
+        assert sum(int(r[2]) for r in rounds) > 0, rounds
+        zero = re.findall(r"rolloutpipe/groups_zero_advantage:([0-9.]+)", log)  # verl's console logger, per round
+        assert len(zero) == 2 and all(float(z) == 0 for z in zero), zero
 
 
 # with verl's KL loss to a reference policy (its GRPO examples' setting; a large coefficient, so the term counts)
@@ -108,26 +130,6 @@ def test_verify_onpolicy_is_exact(tmp_path, train_unit, extra, verify_onpolicy):
     # (rolloutpipe_workers/known_noise.py) reaches it, while the recipe's own lines still do
     assert not [n.text for n in (*LOG_LINES, *WARNINGS) if n.text in log]
     assert "[rolloutpipe] round 1 mode=cgp_fgd" in log
-
-
-@pytest.mark.real_stack(runs=1)
-def test_dynamic_sampling_trains_only_groups_with_reward_variance(tmp_path):
-    """verl's ``algorithm.filter_groups``: groups whose K rewards are all equal are dropped and replaced by the
-    next prompts (from the next dataloader batch), so every round still trains R groups, none with advantage 0."""
-    log = run_main(tmp_path, "algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=4",
-                   "trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.test_freq=-1")
-    lines = re.findall(r"\[rolloutpipe\] round (\d) .*? filtered=(\d+) short_by=(\d+)", log)
-    assert [r for r, _, _ in lines] == ["1", "2"], log[-3000:]
-    filtered = 0
-    for i, (_, nf, short) in enumerate(lines, start=1):
-        tl = json.loads((tmp_path / "tl" / f"round{i:04d}_cgp_fgd.json").read_text())
-        states = [g["state"] for g in tl["groups"]]
-        assert states.count("consumed") == 16 and short == "0"
-        assert states.count("filtered") == int(nf) == len(states) - 16  # every extra group replaced a filtered one
-        filtered += int(nf)
-    assert filtered > 0  # the embedded default has groups without reward variance: the filter had work
-    zero = re.findall(r"rolloutpipe/groups_zero_advantage:([0-9.]+)", log)  # verl's console logger, per round
-    assert len(zero) == 2 and all(float(z) == 0 for z in zero), zero
 
 
 @pytest.mark.real_stack(runs=1)
