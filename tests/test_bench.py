@@ -233,6 +233,14 @@ def test_bench_runs_all_modes_on_the_real_stack(tmp_path):
     calls = {r["mode"]: r["trainer_calls"] for r in records}
     assert (calls["stock"], calls["sync"], calls["cgp"], calls["cgp_fgd:paced"]) == (2, 1, 2, 2), calls
     assert calls["cgp_fgd:priority+groups"] >= 2, calls
+    # the data those calls carried (payload.py), metered the same way in verl's step and the recipe's: verl's two
+    # calls each send the round's rows; the pipelined modes send each row once, over their calls
+    sent = {r["mode"]: (r["trainer_payload_calls"], r["trainer_payload_bytes"]) for r in records}
+    assert {mode: n for mode, (n, _) in sent.items()} == calls, sent
+    once = sent["sync"][1]
+    assert once > 0 and 1.5 * once < sent["stock"][1] < 2.5 * once, sent
+    assert all(0.9 * once < b < 1.1 * once for mode, (_, b) in sent.items() if mode != "stock"), sent
+    assert "data sent (MB)" in (tmp_path / "results" / "bench.md").read_text()
     raw_rounds = json.loads((tmp_path / "results" / "bench_raw.json").read_text())["results"]
     stock = raw_rounds[0]["rounds"][0]
     assert stock["verl_timing_s"]["gen"] > 0 and stock["verl_timing_s"]["update_actor"] > 0  # verl's own step ran

@@ -41,6 +41,7 @@ from .failover import NoRolloutReplicaLeftError, ReplicaFailover, dead_actor_err
 from .filters import keep_if_metric_varies
 from .learning_curve import write_learning_curve
 from .logs import get_logger
+from .payload import Payload, metered
 from .pipeline import (
     PREFIX,
     Dispatch,
@@ -172,6 +173,7 @@ class _RoundRun:
     snapshot: dict[str, float | str] | None = None  # π_old snapshot of rank 0: bytes, seconds, placement
     reward_kl: RoundRewardKL | None = None  # algorithm.use_kl_in_reward
     reward_kl_metrics: dict[str, float] = field(default_factory=dict)
+    payload: Payload = field(default_factory=Payload)  # the round's data calls to the trainer pool, and their bytes
 
 
 class RolloutPipeTrainer(RayPPOTrainer):
@@ -413,7 +415,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
         if whole and d.steps > 1 and (dp := self._data_parallel_size) > 1:  # verl's mini-batch s = step s's groups
             order = dp_step_order(len(rows), len(rows) // d.steps, dp)
             rows = rows.select_idxs(order)
-        out = self._train_step(rows, d.step_index) if whole else self._train_groups(rows, d)
+        with metered(self, run.payload):
+            out = self._train_step(rows, d.step_index) if whole else self._train_groups(rows, d)
         if order is not None:  # back in training order, with what the call added (π_old, ref, KL-penalised reward)
             rows = rows.select_idxs(np.argsort(order))
         run.rnd.trained(d, t0, self.clock.now(), trainer_version=self.weights_version)
@@ -644,6 +647,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
         metrics.update({f"timing_s/{k}": v for k, v in run.timing.items()})
         metrics.update(run.reward_kl_metrics)
         metrics[PREFIX + "frontier_width"] = float(p.frontier_width)  # F_w this round ran with (auto: measured)
+        metrics[PREFIX + "trainer_payload_bytes"] = float(run.payload.bytes)
+        metrics[PREFIX + "trainer_payload_calls"] = float(run.payload.calls)
         if run.snapshot is not None:  # π_old snapshot of weights v (trainer rank 0's shard)
             metrics[PREFIX + "snapshot_bytes"] = run.snapshot["bytes"]
             metrics[PREFIX + "snapshot_take_s"] = run.snapshot["seconds"]

@@ -18,7 +18,7 @@ FORWARD = "rollout:VLLM::Worker"  # the rollout pool's process that runs the mod
 METRICS = ("rollout_to_train_end_s", "trainer_wait_ratio", "first_dispatch_s", "overlap_efficiency",
            "trainer_busy_s", "rollout_s", "ideal_s", "serial_estimate_s", "trainer_wait_before_first_s", "publish_s",
            "old_log_prob_s", "worker_compute_s", "worker_infer_s", "worker_train_s", "call_overhead_s",
-           "call_overhead_share", "trainer_calls")
+           "call_overhead_share", "trainer_calls", "trainer_payload_bytes", "trainer_payload_calls")
 # the critical path of rollout-to-train-end, in order; the parts add up to it (update: the rest of the trainer calls)
 CRITICAL_PATH = (("wait_no_group_yet_s", "waiting: no trainable group yet"),
                  ("wait_groups_generating_s", "waiting: later groups still generating"),
@@ -272,7 +272,8 @@ def markdown(summary: dict[str, Any]) -> str:
               "wall time (Ray round trip, (de)serialisation, verl's and the driver's batch preparation), per round, "
               "medians:", "",
               "| workload | R | mode | calls | trainer calls (s) | worker compute (s) | of it π_old (s) | "
-              "of it update (s) | per-call overhead (s) | share |", "|---" * 10 + "|"]
+              "of it update (s) | per-call overhead (s) | share | data sent (MB): round · per call |",
+              "|---" * 11 + "|"]
     nan = float("nan")
     for r in summary["records"]:
         calls = r.get("trainer_calls", nan)
@@ -280,7 +281,7 @@ def markdown(summary: dict[str, Any]) -> str:
                      f"{_fmt(r['trainer_busy_s'])} | "
                      f"{_fmt(r.get('worker_compute_s', nan))} | {_fmt(r.get('worker_infer_s', nan))} | "
                      f"{_fmt(r.get('worker_train_s', nan))} | {_fmt(r.get('call_overhead_s', nan))}"
-                     f" | {_fmt(r.get('call_overhead_share', nan), True)} |")
+                     f" | {_fmt(r.get('call_overhead_share', nan), True)} | {_payload(r)} |")
     sync = [r for r in summary["records"] if r["mode"] == "sync"]
     lines += ["", "Pipeline cost (sync rounds: no overlap possible): time in the round when neither the engine nor "
               "the trainer works, and per-group materialization (reward, GRPO advantages, rows) on the rollout side.",
@@ -291,6 +292,14 @@ def markdown(summary: dict[str, Any]) -> str:
                      f"{_fmt(r.get('pipeline_overhead_share', float('nan')), True)} | "
                      f"{1000 * r['materialize_per_group_s']:.1f} | {_fmt(r['publish_s'])} |")
     return "\n".join(lines) + "\n"
+
+
+def _payload(r: dict) -> str:
+    """The trainer pool's data calls' payload (``payload.py``): MB per round and per call."""
+    size, calls = r.get("trainer_payload_bytes", float("nan")), r.get("trainer_payload_calls", float("nan"))
+    if not calls or calls != calls or size != size:  # older JSONs have none
+        return "–"
+    return f"{size / 1e6:.2f} · {size / calls / 1e6:.2f}"
 
 
 def plot_bars(summary: dict[str, Any], path: Path) -> Path:

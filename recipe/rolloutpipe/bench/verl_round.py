@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..payload import Payload, metered
 from ..pipeline import PREFIX
 from ..rollout_stream import SAMPLE_COLUMN
 
@@ -61,11 +62,14 @@ def verl_round(trainer, batch) -> dict[str, Any]:
     t["generated"] = time.monotonic()
     rows = Verl._fit_compute_reward(trainer, rows)
     t["rewarded"] = time.monotonic()
-    rows = Verl._fit_compute_log_prob(trainer, rows)
+    payload = Payload()  # verl's calls to the trainer pool and their bytes, as the pipelined modes count theirs
+    with metered(trainer, payload):
+        rows = Verl._fit_compute_log_prob(trainer, rows)
     t["old_log_prob"] = time.monotonic()
     rows = Verl._fit_compute_advantage(trainer, rows)
     t["advantages"] = time.monotonic()
-    rows = Verl._fit_update_actor(trainer, rows)
+    with metered(trainer, payload):
+        rows = Verl._fit_update_actor(trainer, rows)
     t["trained"] = time.monotonic()
     Verl._fit_update_weights(trainer)
     t["published"] = time.monotonic()
@@ -92,6 +96,8 @@ def verl_round(trainer, batch) -> dict[str, Any]:
         "publish_s": t["published"] - t["trained"],
         "groups_trained": float(len(rows) // k),
         "trainer_calls": 2.0,  # compute_log_prob (π_old), update_actor
+        "trainer_payload_bytes": float(payload.bytes),
+        "trainer_payload_calls": float(payload.calls),
     }
     out = {PREFIX + key: float(v) for key, v in metrics.items()}
     out["critic/score/mean"] = float(trainer.reward_tensor.sum(-1).mean())

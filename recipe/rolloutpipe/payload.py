@@ -1,0 +1,94 @@
+"""What the driver sends the trainer pool per worker call (issue 14, item 3: "payload per call measured").
+
+``metered(trainer)`` puts a ``PayloadMeter`` in front of the trainer's actor worker group for a stretch of code: each
+call of a data method (π_old, reference log-probs, the update and its streaming variants) is counted with the bytes
+of its arguments -- the tensors' elements and the arrays' items that Ray serializes to move them. The pipelined
+modes meter their training dispatches, the bench's ``stock`` mode verl's own two calls, so both report the same
+figure. Counting walks the arguments' leaves (no copy, no pickling of tensors): microseconds per call.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+# the actor worker group's methods that move training data (the streaming worker's variants start the same way)
+DATA_METHODS = ("compute_log_prob", "compute_ref_log_prob", "update_actor", "accumulate")
+
+
+def payload_bytes(obj: Any) -> int:
+    """Bytes of the data in ``obj``: a tensor's elements (a nested/jagged tensor's values and offsets), a numeric
+    array's buffer, an object array's items pickled; verl's ``DataProto`` (its tensors, its non-tensor arrays, its
+    meta info), a ``TensorDict`` or a dict summed over its values; anything else (a scalar, a list of strings)
+    pickled."""
+    import numpy as np
+    import torch
+
+    if obj is None:
+        return 0
+    if isinstance(obj, torch.Tensor):
+        if obj.is_nested:
+            return payload_bytes(obj.values()) + payload_bytes(obj.offsets())
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return len(pickle.dumps(obj.tolist())) if obj.dtype == object else int(obj.nbytes)
+    if hasattr(obj, "non_tensor_batch"):  # verl's DataProto (meta_info apart: a few keys)
+        return payload_bytes(obj.batch) + payload_bytes(obj.non_tensor_batch) + payload_bytes(obj.meta_info)
+    if hasattr(obj, "keys") and hasattr(obj, "__getitem__"):  # TensorDict (its non-tensor leaves as plain data), dict
+        return sum(payload_bytes(obj[key]) for key in obj.keys())
+    if isinstance(obj, list | tuple) and any(isinstance(x, torch.Tensor | np.ndarray | dict) for x in obj):
+        return sum(payload_bytes(x) for x in obj)
+    try:
+        return len(pickle.dumps(list(obj) if isinstance(obj, list) else obj))  # tensordict's LinkedList: a list
+    except Exception:  # not picklable here (a handle): Ray moves it by reference
+        return 0
+
+
+@dataclass
+class Payload:
+    """Data calls to the trainer pool and the bytes they carried."""
+
+    calls: int = 0
+    bytes: int = 0
+
+    def add(self, other: Payload) -> None:
+        self.calls += other.calls
+        self.bytes += other.bytes
+
+
+class PayloadMeter:
+    """The worker group, with its data calls (``DATA_METHODS``) counted in ``payload``; everything else passes
+    through unchanged."""
+
+    def __init__(self, wg: Any) -> None:
+        self._wg = wg
+        self.payload = Payload()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._wg, name)
+        if not (callable(attr) and name.startswith(DATA_METHODS)):
+            return attr
+
+        def metered(*args: Any, **kwargs: Any) -> Any:
+            self.payload.calls += 1
+            self.payload.bytes += sum(payload_bytes(a) for a in (*args, *kwargs.values()))
+            return attr(*args, **kwargs)
+
+        return metered
+
+
+@contextmanager
+def metered(trainer: Any, into: Payload, attr: str = "actor_rollout_wg") -> Iterator[None]:
+    """Inside: ``trainer.<attr>`` is a ``PayloadMeter`` of the live worker group, whose count is added to ``into``
+    on the way out."""
+    live = getattr(trainer, attr)
+    meter = PayloadMeter(live)
+    setattr(trainer, attr, meter)
+    try:
+        yield
+    finally:
+        setattr(trainer, attr, live)
+        into.add(meter.payload)
