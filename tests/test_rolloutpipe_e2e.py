@@ -53,13 +53,14 @@ NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 
 
 # two stack runs, each checking several things (a stack start-up is ~100 s of the suite): the hold frontier with the
-# measured width and verl's dynamic sampling; priority admission with verl's GRPO example keys and validation
+# measured width and verl's dynamic sampling; priority admission with verl's GRPO example keys and validation.
+# sync: tests/test_resume.py (its uninterrupted run checks sync's rounds)
 @pytest.mark.parametrize("extra", [
     ["rolloutpipe.fgd_strength=hold", "rolloutpipe.frontier_width=auto", *DYNAMIC_SAMPLING, *NO_VALIDATION],
     ["rolloutpipe.fgd_strength=priority", "actor_rollout_ref.rollout.scheduling_policy=priority",
      "trainer.val_before_train=false", *VERL_GRPO_KEYS],
-], ids=["hold-auto-filter_groups", "priority-verl_grpo_keys"])  # sync: tests/test_resume.py (its uninterrupted
-@pytest.mark.real_stack(runs=1)                                 # run checks sync's rounds)
+], ids=["hold-auto-filter_groups", "priority-verl_grpo_keys"])
+@pytest.mark.real_stack(runs=1)
 def test_streaming_rounds(tmp_path, extra):
     mode = "cgp_fgd"
     log = run_main(tmp_path, f"rolloutpipe.mode={mode}", "trainer.total_training_steps=2", *extra)

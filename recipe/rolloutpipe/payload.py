@@ -1,10 +1,11 @@
 """What the driver sends the trainer pool per worker call (issue 14, item 3: "payload per call measured").
 
-``metered(trainer)`` puts a ``PayloadMeter`` in front of the trainer's actor worker group for a stretch of code: each
-call of a data method (π_old, reference log-probs, the update and its streaming variants) is counted with the bytes
-of its arguments -- the tensors' elements and the arrays' items that Ray serializes to move them. The pipelined
-modes meter their training dispatches, the bench's ``stock`` mode verl's own two calls, so both report the same
-figure. Counting walks the arguments' leaves (no copy, no pickling of tensors): microseconds per call.
+``metered(trainer, into)`` puts a ``PayloadMeter`` in front of the trainer's actor worker group for a stretch of code:
+each call of a data method (π_old, the update and its streaming variants, reference log-probs where the actor computes
+them; a separate reference worker group is not metered) is counted with the bytes of its arguments -- the tensors'
+elements and the arrays' items that Ray serializes to move them. The pipelined modes meter their training dispatches,
+the bench's ``stock`` mode verl's own two calls, so both report the same figure. Counting reads the tensors' sizes
+(no copy) and pickles only the non-tensor columns and meta info.
 """
 
 from __future__ import annotations
