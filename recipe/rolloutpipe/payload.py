@@ -36,7 +36,7 @@ def payload_bytes(obj: Any) -> int:
         return obj.numel() * obj.element_size()
     if isinstance(obj, np.ndarray):
         return len(pickle.dumps(obj.tolist())) if obj.dtype == object else int(obj.nbytes)
-    if hasattr(obj, "non_tensor_batch"):  # verl's DataProto (meta_info apart: a few keys)
+    if hasattr(obj, "non_tensor_batch"):  # verl's DataProto
         return payload_bytes(obj.batch) + payload_bytes(obj.non_tensor_batch) + payload_bytes(obj.meta_info)
     if hasattr(obj, "keys") and hasattr(obj, "__getitem__"):  # TensorDict (its non-tensor leaves as plain data), dict
         return sum(payload_bytes(obj[key]) for key in obj.keys())
@@ -73,23 +73,23 @@ class PayloadMeter:
         if not (callable(attr) and name.startswith(DATA_METHODS)):
             return attr
 
-        def metered(*args: Any, **kwargs: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
             self.payload.calls += 1
             self.payload.bytes += sum(payload_bytes(a) for a in (*args, *kwargs.values()))
             return attr(*args, **kwargs)
 
-        return metered
+        return counted
 
 
 @contextmanager
-def metered(trainer: Any, into: Payload, attr: str = "actor_rollout_wg") -> Iterator[None]:
-    """Inside: ``trainer.<attr>`` is a ``PayloadMeter`` of the live worker group, whose count is added to ``into``
-    on the way out."""
-    live = getattr(trainer, attr)
+def metered(trainer: Any, into: Payload) -> Iterator[None]:
+    """Inside: ``trainer.actor_rollout_wg`` is a ``PayloadMeter`` of the live worker group, whose count is added to
+    ``into`` on the way out (also when the block fails)."""
+    live = trainer.actor_rollout_wg
     meter = PayloadMeter(live)
-    setattr(trainer, attr, meter)
+    trainer.actor_rollout_wg = meter
     try:
         yield
     finally:
-        setattr(trainer, attr, live)
+        trainer.actor_rollout_wg = live
         into.add(meter.payload)
