@@ -8,6 +8,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -159,6 +160,57 @@ def test_pinning_stays_inside_its_own_ray_node(monkeypatch):
         child.wait()
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pins two pools to two different cores")
+def test_orchestration_is_pinned_with_the_pool_it_is_given_then_unpinned(monkeypatch):
+    """A fake Ray node (processes titled as Ray's and vLLM's): the pools go to their cores, everything else of the
+    node (the raylet, the task runner) to the orchestration's cores, and back to every core when unpinned; the
+    process outside the node (this one, standing for another run beside it) is left alone."""
+    from recipe.rolloutpipe.bench import pinning
+
+    cpus = sorted(os.sched_getaffinity(0))
+    rollout, trainer = cpus[:1], cpus[1:2]
+    titles = ("ray::WorkerDict", "VLLM::Worker", "ray::BenchTaskRunner")
+    script = "".join(f"(exec -a {t} sleep 60) & " for t in titles) + "wait"
+    node = subprocess.Popen(["bash", "-c", script])
+    mine = os.sched_getaffinity(0)
+    try:
+        deadline = time.monotonic() + 10
+        while not set(titles) <= {pinning.process_title(p).split(" ")[0] for p in descendants(node.pid)}:
+            assert time.monotonic() < deadline, "the fake node's processes did not start"
+            time.sleep(0.05)
+        by_title = {pinning.process_title(p).split(" ")[0]: p for p in descendants(node.pid)}
+        monkeypatch.setenv("RAY_RAYLET_PID", str(node.pid))
+        pinned = pinning.pin_pools(rollout, trainer, orchestration_cpus=rollout)
+        assert os.sched_getaffinity(by_title["ray::WorkerDict"]) == set(trainer)
+        assert os.sched_getaffinity(by_title["VLLM::Worker"]) == set(rollout)
+        assert os.sched_getaffinity(by_title["ray::BenchTaskRunner"]) == set(rollout)
+        assert os.sched_getaffinity(node.pid) == set(rollout)  # the "raylet": a daemon of the node
+        assert {t.split(" ")[0] for t in pinned["orchestration"]} == {"ray::BenchTaskRunner", "bash"}
+        pinned = pinning.pin_pools(rollout, trainer)  # unpinned: back to the host's cores, the pools stay
+        assert "orchestration" not in pinned
+        assert os.sched_getaffinity(by_title["ray::BenchTaskRunner"]) == pinning.HOST_CPUS
+        assert os.sched_getaffinity(by_title["ray::WorkerDict"]) == set(trainer)
+        assert os.sched_getaffinity(0) == mine
+    finally:
+        for pid in descendants(node.pid) - {node.pid}:
+            os.kill(pid, 9)
+        node.kill()
+        node.wait()
+
+
+def test_a_mode_names_where_its_orchestration_runs():
+    from types import SimpleNamespace
+
+    from recipe.rolloutpipe.bench.runner import orchestration_cpus
+
+    bench = {"rollout_cpus": [0], "trainer_cpus": [1], "orchestration": None}
+    cfg = SimpleNamespace(**bench, get=bench.get)
+    assert orchestration_cpus("stock", cfg) is None and orchestration_cpus("cgp_fgd", cfg) is None
+    assert orchestration_cpus("stock@rollout", cfg) == [0] and orchestration_cpus("cgp@trainer", cfg) == [1]
+    bench["orchestration"] = "rollout"  # the run's setting, for modes without a suffix
+    assert orchestration_cpus("cgp_fgd", cfg) == [0] and orchestration_cpus("cgp_fgd@trainer", cfg) == [1]
+
+
 def test_rollout_calls_summary_pairs_rounds_and_measures_the_machine_drift():
     """bench.rollout_calls: a pattern 10 % slower in every round shows x1.1 with a CI of one point, whatever the
     round-to-round drift; a probe that tracks the pool's CPU seconds correlates with it."""
@@ -186,6 +238,8 @@ def test_mode_specs():
     assert parse_mode_spec("cgp_fgd:hold/auto") == ModeSpec("cgp_fgd", "hold", "auto", None)
     assert parse_mode_spec("cgp_fgd:hold/engine") == ModeSpec("cgp_fgd", "hold", "engine", None)
     assert parse_mode_spec("cgp_fgd:paced") == ModeSpec("cgp_fgd", "paced", None, None)
+    assert parse_mode_spec("stock@rollout") == ModeSpec("stock", None, None, None, "rollout")
+    assert parse_mode_spec("cgp_fgd:hold/4+groups@trainer") == ModeSpec("cgp_fgd", "hold", 4, "groups", "trainer")
 
 
 @pytest.mark.parametrize("overrides,mode,num_groups,width", [
@@ -215,14 +269,15 @@ def test_bench_runs_all_modes_on_the_real_stack(tmp_path):
         [sys.executable, "-m", "recipe.rolloutpipe.bench", "--json", str(tmp_path / "records.json"),
          f"rolloutpipe.bench.out_dir={tmp_path}/results", "rolloutpipe.bench.workloads=[sci-longtail]",
          "rolloutpipe.bench.sizes=[4]",
-         "rolloutpipe.bench.modes=[stock,sync,cgp,cgp_fgd:priority+groups,cgp_fgd:paced]",
+         "rolloutpipe.bench.modes=[stock,sync,cgp,cgp_fgd:priority+groups,cgp_fgd:paced@rollout]",
          "rolloutpipe.bench.rounds=1", "rolloutpipe.bench.warmup_rounds=0", "data.max_response_length=24",
          f"trainer.default_local_dir={tmp_path}/ckpt"],
         capture_output=True, text=True, timeout=900, cwd=ROOT)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-6000:]
     records = json.loads((tmp_path / "records.json").read_text())["records"]
-    assert [r["mode"] for r in records] == ["stock", "sync", "cgp", "cgp_fgd:priority+groups", "cgp_fgd:paced"]
+    paced = "cgp_fgd:paced@rollout"  # with its orchestration pinned to the rollout pool's core
+    assert [r["mode"] for r in records] == ["stock", "sync", "cgp", "cgp_fgd:priority+groups", paced]
     for r in records:
         assert r["lengths_honoured"] == 1.0  # every response has exactly the workload's length (max_tokens+ignore_eos)
         assert r["rollout_to_train_end_s"] > 0 and "reduction_vs_sync" in r and r["rollout_train_ratio_sync"] > 0
@@ -231,7 +286,7 @@ def test_bench_runs_all_modes_on_the_real_stack(tmp_path):
     # trainer calls per round (R=4, U=2): verl's step 2 (π_old, update); sync 1 (its round in one call, as verl's
     # update_actor); a call per optimizer step in cgp; per dispatch with the groups unit (at least one per step)
     calls = {r["mode"]: r["trainer_calls"] for r in records}
-    assert (calls["stock"], calls["sync"], calls["cgp"], calls["cgp_fgd:paced"]) == (2, 1, 2, 2), calls
+    assert (calls["stock"], calls["sync"], calls["cgp"], calls[paced]) == (2, 1, 2, 2), calls
     assert calls["cgp_fgd:priority+groups"] >= 2, calls
     # the data those calls carried (payload.py), metered the same way in verl's step and the recipe's: verl's two
     # calls each send the round's rows; the pipelined modes send each row once, over their calls
@@ -257,6 +312,9 @@ def test_bench_runs_all_modes_on_the_real_stack(tmp_path):
     raw = json.loads((tmp_path / "results" / "bench_raw.json").read_text())
     assert {p.split(" ")[0] for p in raw["pinned"]["trainer"]} == {"ray::WorkerDict"}
     assert any(p.startswith("VLLM::Worker") for p in raw["pinned"]["rollout"])
+    # the last mode pinned (paced@rollout) put the orchestration on the rollout core: the task runner, Ray's raylet
+    orchestration = {p.split(" ")[0] for p in raw["pinned"]["orchestration"]}
+    assert "ray::BenchTaskRunner" in orchestration and any("raylet" in p for p in orchestration), orchestration
     for name in ("bench.md", "bench_bars.png", "timelines_sci-longtail_R4.png"):
         assert (tmp_path / "results" / name).stat().st_size > 0
 

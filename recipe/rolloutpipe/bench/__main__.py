@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 from ..main import CONFIG_DIR, prepare_runtime
-from ..pipeline.modes import STOCK, TRAINER_MODES, parse_mode_spec
+from ..pipeline.modes import ORCHESTRATION_PLACES, STOCK, TRAINER_MODES, parse_mode_spec
 from ..provenance import git_commit, machine
 from ..resolve import apply_layout
 from .pinning import pool_env
@@ -56,11 +56,17 @@ def main(argv: list[str] | None = None) -> None:
     except RolloutPipeConfigError as e:
         raise SystemExit(str(e)) from None
     bench = cfg.rolloutpipe.bench
-    bad = [m for m in bench.modes if m != STOCK and parse_mode_spec(m).mode not in TRAINER_MODES]
+    bad = [m for m in bench.modes if (s := parse_mode_spec(m)).mode not in (STOCK, *TRAINER_MODES)
+           or s.orchestration not in (None, *ORCHESTRATION_PLACES) or (s.mode == STOCK and s[1:4] != (None,) * 3)]
     if bad:
         raise SystemExit(f"rolloutpipe bench: rolloutpipe.bench.modes: {bad} unknown; use stock (verl's own trainer) "
                          "or mode[:priority|:paced|:hold][/F_w|/auto|/engine][+groups] with mode one of "
-                         f"{[str(m) for m in TRAINER_MODES]}")
+                         f"{[str(m) for m in TRAINER_MODES]}, either followed by @rollout or @trainer (orchestration "
+                         "pinned to that pool's cores)")
+    if bench.get("orchestration") not in (None, *ORCHESTRATION_PLACES):
+        raise SystemExit(f"rolloutpipe bench: rolloutpipe.bench.orchestration={bench.orchestration!r}: use null "
+                         "(unpinned), rollout or trainer (the pool whose cores the driver, task runner and Ray's "
+                         "daemons are pinned to)")
     cores = os.sched_getaffinity(0)
     wanted = set(bench.rollout_cpus) | set(bench.trainer_cpus)
     if not wanted <= cores or set(bench.rollout_cpus) & set(bench.trainer_cpus):
@@ -79,7 +85,8 @@ def main(argv: list[str] | None = None) -> None:
         "F_w": cfg.rolloutpipe.frontier_width, "max_response_length": int(cfg.data.max_response_length),
         "max_num_seqs": int(cfg.actor_rollout_ref.rollout.max_num_seqs), "modes": list(bench.modes),
         "rollout_cpus": list(bench.rollout_cpus), "trainer_cpus": list(bench.trainer_cpus),
-        "warmup_rounds": int(bench.warmup_rounds), "rounds": int(bench.rounds), "quick": args.quick,
+        "orchestration": bench.get("orchestration"), "warmup_rounds": int(bench.warmup_rounds),
+        "rounds": int(bench.rounds), "quick": args.quick,
         "seed": int(bench.seed), "max_prompt_length": int(cfg.data.max_prompt_length),
         "overrides": list(args.overrides),  # what a result ran on beyond the configs (its data files, R, modes)
         "profiles": OmegaConf.to_container(bench.profiles), "machine": f"{platform.machine()} {len(cores)} cores",

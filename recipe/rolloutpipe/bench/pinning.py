@@ -4,15 +4,19 @@ Processes are found by the titles Ray and vLLM give them and pinned thread by th
 every task of the process: threads created later inherit it). Compute thread counts are set through the
 environment before the workers start (``pool_env``): vLLM binds its OpenMP threads with its own
 ``VLLM_CPU_OMP_THREADS_BIND``; torch in the trainer uses ``OMP_NUM_THREADS``. Orchestration (the driver, verl's
-task runner that runs the pipeline loop, Ray's daemons) is left unpinned, as a GPU cluster's host CPUs would be,
-and its CPU time is measured by pid apart from the pools' (``cpu_seconds``): the driver, Ray's daemons, kernel
-threads and everything else, each on its own line.
+task runner that runs the pipeline loop, Ray's daemons) is left unpinned by default, as a GPU cluster's host CPUs
+would be, or pinned to one pool's cores (``orchestration_cpus``: on two cores there is no third place for it, and
+unpinned it lands on the trainer's core beside the rollout), and its CPU time is measured by pid apart from the
+pools' (``cpu_seconds``): the driver, Ray's daemons, kernel threads and everything else, each on its own line.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+# the cores this process could run on when first imported (before any pinning): "unpinned" for orchestration
+HOST_CPUS = frozenset(os.sched_getaffinity(0))
 
 # process title prefixes -> pool
 ROLLOUT_TITLES = ("VLLM::", "ray::vLLMHttpServer", "ray::AgentLoopWorker", "ray::GroupStreamingAgentLoopWorker",
@@ -125,17 +129,44 @@ def cpu_seconds() -> dict[str, float]:
     return out
 
 
-def pin_pools(rollout_cpus: list[int], trainer_cpus: list[int]) -> dict[str, list[str]]:
-    """Pin every rollout-pool and trainer-pool process of this Ray node (of this machine outside Ray); returns
-    ``{pool: [title (pid)]}``."""
+def this_run() -> set[int] | None:
+    """This Ray node's processes plus, when the node was started by a RolloutPipe driver (``ray.init`` in the bench's
+    or the trainer's main process), that driver and what it started (the GCS, the dashboard); None outside Ray."""
+    node = this_ray_node()
+    if node is None:
+        return None
+    raylet = int(os.environ["RAY_RAYLET_PID"])
+    try:
+        stat = Path(f"/proc/{raylet}/stat").read_text()
+        parent = int(stat[stat.rindex(")") + 2:].split()[1])
+    except OSError:
+        return node
+    return node | descendants(parent) if "recipe.rolloutpipe" in process_title(parent) else node
+
+
+def pin_pools(rollout_cpus: list[int], trainer_cpus: list[int],
+              orchestration_cpus: list[int] | None = None) -> dict[str, list[str]]:
+    """Pin every rollout-pool and trainer-pool process of this Ray node (of this machine outside Ray); inside Ray
+    also the run's orchestration (driver, task runner, Ray's daemons) to ``orchestration_cpus``, or back to every
+    core of the host when None. Returns ``{pool: [title (pid)]}`` (``orchestration``: those pinned, when pinned)."""
     pinned: dict[str, list[str]] = {"rollout": [], "trainer": []}
-    scope = this_ray_node()
+    scope = this_run()
+    if orchestration_cpus is not None:
+        pinned["orchestration"] = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or (scope is not None and int(proc.name) not in scope):
             continue
         pid, title = int(proc.name), process_title(int(proc.name))
         pool = _pool_of(title)
         if pool is None:
+            if scope is None or not title:  # never the machine's other processes; kernel threads have no title
+                continue
+            try:
+                _pin_all_threads(pid, set(orchestration_cpus) if orchestration_cpus is not None else set(HOST_CPUS))
+            except OSError:
+                continue
+            if orchestration_cpus is not None:
+                pinned["orchestration"].append(f"{title.split()[0]} ({pid})")
             continue
         cpus = set(rollout_cpus if pool == "rollout" else trainer_cpus)
         try:

@@ -96,7 +96,14 @@ def _pipe_for(trainer, mode: str, num_groups: int):
 
 
 def _mode_dir(mode: str) -> str:
-    return mode.replace(":", "_").replace("/", "_w").replace("+", "_")
+    return mode.replace(":", "_").replace("/", "_w").replace("+", "_").replace("@", "_at_")
+
+
+def orchestration_cpus(mode: str, bench) -> list[int] | None:
+    """The cores a bench mode's orchestration (driver, task runner, Ray's daemons) is pinned to: the pool named by the
+    mode's ``@pool`` suffix, else by ``rolloutpipe.bench.orchestration``; None (unpinned) when neither names one."""
+    place = parse_mode_spec(mode).orchestration or bench.get("orchestration")
+    return None if place is None else list(bench.rollout_cpus if place == "rollout" else bench.trainer_cpus)
 
 
 def run_round(trainer, profile: LengthProfile, num_groups: int, mode: str, round_index: int, bench,
@@ -111,7 +118,7 @@ def run_round(trainer, profile: LengthProfile, num_groups: int, mode: str, round
     trainer.global_steps = round_index + 1
     trainer.actor_rollout_wg.pop_compute_seconds()  # from here on
     t0, cpu0 = time.monotonic(), cpu_seconds()
-    if mode == STOCK:
+    if parse_mode_spec(mode).mode == STOCK:
         out = verl_round(trainer, batch)
         trained, metrics, timeline = [out["rows"]], out["metrics"], None
         extra = {"verl_timing_s": out["verl_timing_s"]}
@@ -150,7 +157,7 @@ def run_setting(trainer, profile: LengthProfile, num_groups: int, modes: list[st
     for i in tqdm(range(total), desc=f"{profile.name} R={num_groups} rounds", unit="round"):
         for position, mode in enumerate(rotated(modes, i)):
             # again before each round: verl starts some rollout actors (agent-loop workers, ...) lazily
-            pinned = pin_pools(list(bench.rollout_cpus), list(bench.trainer_cpus))
+            pinned = pin_pools(list(bench.rollout_cpus), list(bench.trainer_cpus), orchestration_cpus(mode, bench))
             rec = run_round(trainer, profile, num_groups, mode, i, bench, out_dir,
                             draw_png=i == int(bench.warmup_rounds))  # one Gantt PNG per mode and setting
             rec["position_in_round"] = position

@@ -38,20 +38,26 @@ ENGINE_WIDTH = "engine"  # rolloutpipe.frontier_width=engine: F_w whose requests
 WIDTH_WORDS = (AUTO_WIDTH, ENGINE_WIDTH)
 
 
-# The bench's (and the simulator check's) mode strings: ``mode[:fgd_strength][/frontier_width][+groups]``, e.g.
-# ``cgp``, ``cgp_fgd:priority``, ``cgp_fgd:hold/4``, ``cgp_fgd:hold/auto``, ``cgp_fgd:hold/engine``,
-# ``cgp_fgd:hold+groups``
-# (``rolloutpipe.train_unit=groups``).
+# The bench's (and the simulator check's) mode strings:
+# ``mode[:fgd_strength][/frontier_width][+groups][@pool]``, e.g. ``cgp``, ``cgp_fgd:priority``, ``cgp_fgd:hold/4``,
+# ``cgp_fgd:hold/auto``, ``cgp_fgd:hold/engine``, ``cgp_fgd:hold+groups`` (``rolloutpipe.train_unit=groups``),
+# ``stock@rollout`` (the bench's orchestration -- driver, task runner, Ray's daemons -- pinned to the rollout pool's
+# cores for that mode's rounds; ``@trainer``: the trainer's; none: ``rolloutpipe.bench.orchestration``).
+ORCHESTRATION_PLACES = ("rollout", "trainer")
+
+
 class ModeSpec(NamedTuple):
-    mode: str  # sync | cgp | cgp_fgd
+    mode: str  # sync | cgp | cgp_fgd (| stock in the bench)
     fgd_strength: str | None  # hold | priority | paced | None (the config's)
     frontier_width: int | str | None  # a number, "auto", "engine", or None: the config's F_w
     train_unit: str | None = None  # step | groups | None (the config's)
+    orchestration: str | None = None  # rollout | trainer | None (the bench's setting): where orchestration runs
 
 
 def parse_mode_spec(spec: str) -> ModeSpec:
+    spec, _, place = spec.partition("@")
     spec, _, unit = spec.partition("+")
     head, _, width = spec.partition("/")
     mode, _, strength = head.partition(":")
     return ModeSpec(mode, strength or None, (width if width in WIDTH_WORDS else int(width)) if width else None,
-                    unit or None)
+                    unit or None, place or None)

@@ -44,7 +44,8 @@ class FixedLengths:
 
 def _spec(mode: str, num_groups: int, settings: dict, metrics: dict | None = None) -> RoundSpec:
     """The simulator's round for a bench mode; an ``auto`` frontier replays the width the round ran with."""
-    m = parse_mode_spec("sync" if mode == STOCK else mode)  # verl's own step is a serial round
+    m = parse_mode_spec(mode)
+    m = m._replace(mode="sync") if m.mode == STOCK else m  # verl's own step is a serial round
     strength = m.fgd_strength or "hold"
     width = mode_width_setting(m.frontier_width, strength, settings["F_w"])
     if width == AUTO_WIDTH:
@@ -98,7 +99,7 @@ def validate_against_bench(raw: dict[str, Any], calibrate_mode: str = "sync",
     out = []
     for (workload, r, mode), s in by.items():
         base = by.get((workload, r, calibrate_mode))
-        if base is None or mode == STOCK:  # verl's own step is not a mode the simulator runs
+        if base is None or parse_mode_spec(mode).mode == STOCK:  # verl's own step is not a mode the simulator runs
             continue
         profile = LengthProfile.from_mapping(workload, settings["profiles"][workload])
         measured, predicted = [], []
