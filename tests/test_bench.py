@@ -211,6 +211,22 @@ def test_a_mode_names_where_its_orchestration_runs():
     assert orchestration_cpus("cgp_fgd", cfg) == [0] and orchestration_cpus("cgp_fgd@trainer", cfg) == [1]
 
 
+@pytest.mark.parametrize("override,named", [
+    ("rolloutpipe.bench.modes=[stock,cgp@driver]", "'cgp@driver'"),  # no such pool
+    ("rolloutpipe.bench.modes=[stock:paced,cgp]", "'stock:paced'"),  # verl's step has no FGD strength
+    ("rolloutpipe.bench.modes=[stock,fcfs]", "'fcfs'"),
+    ("rolloutpipe.bench.orchestration=driver", "rolloutpipe.bench.orchestration='driver'"),
+])
+def test_bad_bench_modes_are_named_before_ray_starts(override, named):
+    from recipe.rolloutpipe.bench.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main([override])
+    message = str(e.value)
+    assert named in message, message
+    assert ("use null" if "orchestration=" in override else "@rollout or @trainer") in message, message  # the fix
+
+
 def test_rollout_calls_summary_pairs_rounds_and_measures_the_machine_drift():
     """bench.rollout_calls: a pattern 10 % slower in every round shows x1.1 with a CI of one point, whatever the
     round-to-round drift; a probe that tracks the pool's CPU seconds correlates with it."""

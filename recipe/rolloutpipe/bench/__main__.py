@@ -56,8 +56,15 @@ def main(argv: list[str] | None = None) -> None:
     except RolloutPipeConfigError as e:
         raise SystemExit(str(e)) from None
     bench = cfg.rolloutpipe.bench
-    bad = [m for m in bench.modes if (s := parse_mode_spec(m)).mode not in (STOCK, *TRAINER_MODES)
-           or s.orchestration not in (None, *ORCHESTRATION_PLACES) or (s.mode == STOCK and s[1:4] != (None,) * 3)]
+    def known(spec: str) -> bool:
+        s = parse_mode_spec(spec)
+        if s.orchestration not in (None, *ORCHESTRATION_PLACES):
+            return False
+        if s.mode == STOCK:  # verl's own step: no strength, width or train unit of the recipe's
+            return (s.fgd_strength, s.frontier_width, s.train_unit) == (None, None, None)
+        return s.mode in TRAINER_MODES
+
+    bad = [m for m in bench.modes if not known(m)]
     if bad:
         raise SystemExit(f"rolloutpipe bench: rolloutpipe.bench.modes: {bad} unknown; use stock (verl's own trainer) "
                          "or mode[:priority|:paced|:hold][/F_w|/auto|/engine][+groups] with mode one of "

@@ -5,9 +5,10 @@ every task of the process: threads created later inherit it). Compute thread cou
 environment before the workers start (``pool_env``): vLLM binds its OpenMP threads with its own
 ``VLLM_CPU_OMP_THREADS_BIND``; torch in the trainer uses ``OMP_NUM_THREADS``. Orchestration (the driver, verl's
 task runner that runs the pipeline loop, Ray's daemons) is left unpinned by default, as a GPU cluster's host CPUs
-would be, or pinned to one pool's cores (``orchestration_cpus``: on two cores there is no third place for it, and
-unpinned it lands on the trainer's core beside the rollout), and its CPU time is measured by pid apart from the
-pools' (``cpu_seconds``): the driver, Ray's daemons, kernel threads and everything else, each on its own line.
+would be, or pinned to one pool's cores (``orchestration_cpus``: on two cores there is no third place for it;
+measured, neither pool's core beats the scheduler's split, docs/results.md), and its CPU time is measured by pid
+apart from the pools' (``cpu_seconds``): the driver, Ray's daemons, kernel threads and everything else, each on its
+own line.
 """
 
 from __future__ import annotations
