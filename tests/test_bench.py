@@ -169,8 +169,10 @@ def test_orchestration_is_pinned_with_the_pool_it_is_given_then_unpinned(monkeyp
 
     cpus = sorted(os.sched_getaffinity(0))
     rollout, trainer = cpus[:1], cpus[1:2]
-    titles = ("ray::WorkerDict", "VLLM::Worker", "ray::BenchTaskRunner")
-    script = "".join(f"(exec -a {t} sleep 60) & " for t in titles) + "wait"
+    titles = ("ray::WorkerDict", "VLLM::Worker", "ray::BenchTaskRunner", "sleep")
+    # the trainer's worker has a helper process of its own (untitled, as a pool's subprocesses are)
+    script = ("(exec -a ray::WorkerDict bash -c 'sleep 61 & wait') & "
+              + "".join(f"(exec -a {t} sleep 60) & " for t in titles[1:3]) + "wait")
     node = subprocess.Popen(["bash", "-c", script])
     mine = os.sched_getaffinity(0)
     try:
@@ -186,6 +188,7 @@ def test_orchestration_is_pinned_with_the_pool_it_is_given_then_unpinned(monkeyp
         assert os.sched_getaffinity(by_title["ray::BenchTaskRunner"]) == set(rollout)
         assert os.sched_getaffinity(node.pid) == set(rollout)  # the "raylet": a daemon of the node
         assert {t.split(" ")[0] for t in pinned["orchestration"]} == {"ray::BenchTaskRunner", "bash"}
+        assert os.sched_getaffinity(by_title["sleep"]) == mine  # the pool's helper: left as it was started
         pinned = pinning.pin_pools(rollout, trainer)  # unpinned: back to the host's cores, the pools stay
         assert "orchestration" not in pinned
         assert os.sched_getaffinity(by_title["ray::BenchTaskRunner"]) == pinning.HOST_CPUS

@@ -51,8 +51,7 @@ def _pin_all_threads(pid: int, cpus: set[int]) -> int:
     return n
 
 
-def descendants(root: int) -> set[int]:
-    """``root`` and every live process below it, by parent pid (``/proc``)."""
+def _children() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -62,6 +61,12 @@ def descendants(root: int) -> set[int]:
         except OSError:  # exited meanwhile
             continue
         children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(proc.name))
+    return children
+
+
+def descendants(root: int, children: dict[int, list[int]] | None = None) -> set[int]:
+    """``root`` and every live process below it, by parent pid (``/proc``; or the ``children`` map given)."""
+    children = _children() if children is None else children
     found, todo = set(), [root]
     while todo:
         pid = todo.pop()
@@ -154,13 +159,17 @@ def pin_pools(rollout_cpus: list[int], trainer_cpus: list[int],
     scope = this_run()
     if orchestration_cpus is not None:
         pinned["orchestration"] = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or (scope is not None and int(proc.name) not in scope):
-            continue
-        pid, title = int(proc.name), process_title(int(proc.name))
+    titles = {int(proc.name): process_title(int(proc.name)) for proc in Path("/proc").iterdir()
+              if proc.name.isdigit() and (scope is None or int(proc.name) in scope)}
+    children = _children()
+    # a pool process's own helpers (untitled children) stay with the affinity they inherited from it, as they always
+    # did: they are the pool's, not orchestration
+    in_pools = set().union(*(descendants(pid, children) for pid, t in titles.items() if _pool_of(t)))
+    for pid, title in titles.items():
         pool = _pool_of(title)
         if pool is None:
-            if scope is None or not title:  # never the machine's other processes; kernel threads have no title
+            # never the machine's other processes (outside Ray); kernel threads have no title
+            if scope is None or not title or pid in in_pools:
                 continue
             try:
                 _pin_all_threads(pid, set(orchestration_cpus) if orchestration_cpus is not None else set(HOST_CPUS))
