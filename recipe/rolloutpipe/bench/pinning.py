@@ -76,12 +76,12 @@ def descendants(root: int, children: dict[int, list[int]] | None = None) -> set[
     return found
 
 
-def this_ray_node() -> set[int] | None:
+def this_ray_node(children: dict[int, list[int]] | None = None) -> set[int] | None:
     """The processes of the Ray node this process runs on (its raylet and everything below it: Ray's workers and the
     vLLM processes they start), or None outside a Ray worker. Another Ray instance on the same machine (a second
     run, a test running beside this one) is not this node's."""
     raylet = os.environ.get("RAY_RAYLET_PID")
-    return descendants(int(raylet)) if raylet else None
+    return descendants(int(raylet), children) if raylet else None
 
 
 def _pool_of(title: str) -> str | None:
@@ -135,10 +135,11 @@ def cpu_seconds() -> dict[str, float]:
     return out
 
 
-def this_run() -> set[int] | None:
+def this_run(children: dict[int, list[int]] | None = None) -> set[int] | None:
     """This Ray node's processes plus, when the node was started by a RolloutPipe driver (``ray.init`` in the bench's
     or the trainer's main process), that driver and what it started (the GCS, the dashboard); None outside Ray."""
-    node = this_ray_node()
+    children = _children() if children is None else children
+    node = this_ray_node(children)
     if node is None:
         return None
     raylet = int(os.environ["RAY_RAYLET_PID"])
@@ -147,7 +148,7 @@ def this_run() -> set[int] | None:
         parent = int(stat[stat.rindex(")") + 2:].split()[1])
     except OSError:
         return node
-    return node | descendants(parent) if "recipe.rolloutpipe" in process_title(parent) else node
+    return node | descendants(parent, children) if "recipe.rolloutpipe" in process_title(parent) else node
 
 
 def pin_pools(rollout_cpus: list[int], trainer_cpus: list[int],
@@ -156,12 +157,13 @@ def pin_pools(rollout_cpus: list[int], trainer_cpus: list[int],
     also the run's orchestration (driver, task runner, Ray's daemons) to ``orchestration_cpus``, or back to every
     core of the host when None. Returns ``{pool: [title (pid)]}`` (``orchestration``: those pinned, when pinned)."""
     pinned: dict[str, list[str]] = {"rollout": [], "trainer": []}
-    scope = this_run()
+    children = _children()  # one look at /proc's process tree for the whole call
+    scope = this_run(children)
+    orchestration = set(HOST_CPUS) if orchestration_cpus is None else set(orchestration_cpus)
     if orchestration_cpus is not None:
         pinned["orchestration"] = []
     titles = {int(proc.name): process_title(int(proc.name)) for proc in Path("/proc").iterdir()
               if proc.name.isdigit() and (scope is None or int(proc.name) in scope)}
-    children = _children()
     # a pool process's own helpers (untitled children) stay with the affinity they inherited from it, as they always
     # did: they are the pool's, not orchestration
     in_pools = set().union(*(descendants(pid, children) for pid, t in titles.items() if _pool_of(t)))
@@ -172,7 +174,7 @@ def pin_pools(rollout_cpus: list[int], trainer_cpus: list[int],
             if scope is None or not title or pid in in_pools:
                 continue
             try:
-                _pin_all_threads(pid, set(orchestration_cpus) if orchestration_cpus is not None else set(HOST_CPUS))
+                _pin_all_threads(pid, orchestration)
             except OSError:
                 continue
             if orchestration_cpus is not None:
