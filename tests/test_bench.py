@@ -160,6 +160,44 @@ def test_pinning_stays_inside_its_own_ray_node(monkeypatch):
         child.wait()
 
 
+def test_a_round_counts_the_cpu_time_of_its_own_run_only():
+    """Two runs' trainer workers on one machine (as in CI, two tests at a time): this run's round counts its own
+    worker's CPU time, not the other's; the other's exiting mid-round (its test ending) takes nothing away from it.
+    Summed by key over the machine, that exit made this run's trainer CPU negative, so the round showed none."""
+    from recipe.rolloutpipe.bench.pinning import cpu_seconds, cpu_used
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < {}: pass\ntime.sleep(60)"
+    ours, other = (subprocess.Popen(["bash", "-c", f'exec -a ray::WorkerDict {sys.executable} -c "{burn.format(s)}"'])
+                   for s in (30, 1.5))
+    try:
+        deadline = time.monotonic() + 20
+        while cpu_seconds({other.pid}).get((other.pid, _start_tick(other.pid)), ("", 0.0))[1] < 1.0:
+            assert time.monotonic() < deadline, "the other run's worker did not burn its CPU time"
+            time.sleep(0.05)
+        # both runs' workers, keyed alike (the machine's other processes -- a real stack in the test beside this
+        # one -- are kept out: their CPU time would blur the sum)
+        both = {ours.pid, other.pid}
+        before_ours, before_all = cpu_seconds({ours.pid}), cpu_seconds(both)
+        assert {key for key, _ in before_ours.values() if key.startswith("trainer:")} == {"trainer:ray::WorkerDict"}
+        assert sum(1 for key, _ in before_all.values() if key == "trainer:ray::WorkerDict") == 2
+        time.sleep(0.3)
+        other.kill()
+        other.wait()
+        after_ours, after_all = cpu_seconds({ours.pid}), cpu_seconds(both)
+        mine = cpu_used(before_ours, after_ours)["trainer:ray::WorkerDict"]
+        assert 0.05 < mine < 1.0  # ~0.3 s of this run's worker burning
+        assert cpu_used(before_all, after_all)["trainer:ray::WorkerDict"] == pytest.approx(mine, abs=0.05)
+    finally:
+        for p in (ours, other):
+            p.kill()
+            p.wait()
+
+
+def _start_tick(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pins two pools to two different cores")
 def test_orchestration_is_pinned_with_the_pool_it_is_given_then_unpinned(monkeypatch):
     """A fake Ray node (processes titled as Ray's and vLLM's): the pools go to their cores, everything else of the
@@ -173,7 +211,9 @@ def test_orchestration_is_pinned_with_the_pool_it_is_given_then_unpinned(monkeyp
     # the trainer's worker has a helper process of its own (untitled, as a pool's subprocesses are)
     script = ("(exec -a ray::WorkerDict bash -c 'sleep 61 & wait') & "
               + "".join(f"(exec -a {t} sleep 60) & " for t in titles[1:3]) + "wait")
-    node = subprocess.Popen(["bash", "-c", script])
+    # a session of its own, killed as one process group: killed one by one, a parent whose child was killed first
+    # may exit and be reaped in between (ProcessLookupError, seen in CI)
+    node = subprocess.Popen(["bash", "-c", script], start_new_session=True)
     mine = os.sched_getaffinity(0)
     try:
         deadline = time.monotonic() + 10
@@ -195,9 +235,7 @@ def test_orchestration_is_pinned_with_the_pool_it_is_given_then_unpinned(monkeyp
         assert os.sched_getaffinity(by_title["ray::WorkerDict"]) == set(trainer)
         assert os.sched_getaffinity(0) == mine
     finally:
-        for pid in descendants(node.pid) - {node.pid}:
-            os.kill(pid, 9)
-        node.kill()
+        os.killpg(node.pid, 9)
         node.wait()
 
 

@@ -7,8 +7,8 @@ environment before the workers start (``pool_env``): vLLM binds its OpenMP threa
 task runner that runs the pipeline loop, Ray's daemons) is left unpinned by default, as a GPU cluster's host CPUs
 would be, or pinned to one pool's cores (``orchestration_cpus``: on two cores there is no third place for it;
 measured, neither pool's core beats the scheduler's split, docs/results.md), and its CPU time is measured by pid
-apart from the pools' (``cpu_seconds``): the driver, Ray's daemons, kernel threads and everything else, each on its
-own line.
+apart from the pools' (``cpu_seconds``, the run's own processes only): the driver, Ray's daemons, kernel threads and
+everything else, each on its own line.
 """
 
 from __future__ import annotations
@@ -112,27 +112,43 @@ def cpu_category(cmdline: str) -> str:
     return "other"
 
 
-def cpu_seconds() -> dict[str, float]:
-    """CPU seconds used so far by every live process (threads included), keyed ``category:name`` (category: one of
-    ``CPU_CATEGORIES``). Differences between two calls show where a round's CPU time went; a process that exits in
-    between (a short kernel worker) is missed, so the sums are lower bounds."""
+def cpu_seconds(scope: set[int] | None = None) -> dict[tuple[int, int], tuple[str, float]]:
+    """CPU seconds used so far by each live process (threads included): ``{(pid, start tick): (key, seconds)}``, key
+    ``category:name`` (category: one of ``CPU_CATEGORIES``). ``scope``: only those pids, plus the kernel's threads
+    (they serve every process); None: every process on the machine. ``cpu_used`` turns two of these into where the
+    time between them went."""
     tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
+    out: dict[tuple[int, int], tuple[str, float]] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
+        pid = int(proc.name)
         try:
             stat = (proc / "stat").read_text()
         except OSError:
             continue
-        cmdline = process_title(int(proc.name))
+        cmdline = process_title(pid)
+        if scope is not None and cmdline and pid not in scope:
+            continue  # another run's process (a test beside this one): its CPU is not this run's
         comm = stat[stat.index("(") + 1: stat.rindex(")")]
         name = (cmdline.split(" ")[0] if cmdline.startswith(("ray::", "VLLM::")) else comm).split(".")[0]
         name = name.split("/")[0] if not cmdline else name  # kworker/u8:2-events -> kworker
         fields = stat[stat.rindex(")") + 2:].split()
-        key = f"{cpu_category(cmdline)}:{name}"
-        out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        # the start tick tells a reused pid from the process that had it
+        out[(pid, int(fields[19]))] = (f"{cpu_category(cmdline)}:{name}", (int(fields[11]) + int(fields[12])) / tick)
     return out
+
+
+def cpu_used(before: dict[tuple[int, int], tuple[str, float]], after: dict[tuple[int, int], tuple[str, float]],
+             min_s: float = 0.01) -> dict[str, float]:
+    """CPU seconds per key between two ``cpu_seconds`` readings, process by process, under the key a process has at
+    the second (a Ray worker that took an actor's title in between): one that started in between counts whole, one
+    that exited in between is missed (the sums are lower bounds), and an exit never makes a key's sum go down. Keys
+    under ``min_s`` are left out."""
+    used: dict[str, float] = {}
+    for ident, (key, seconds) in after.items():
+        used[key] = used.get(key, 0.0) + seconds - before.get(ident, ("", 0.0))[1]
+    return {k: round(v, 3) for k, v in sorted(used.items(), key=lambda kv: -kv[1]) if v >= min_s}
 
 
 def this_run(children: dict[int, list[int]] | None = None) -> set[int] | None:

@@ -46,7 +46,7 @@ class RolloutCallsRunner:
         from ..rollout_stream import SAMPLE_COLUMN, GroupRequest, GroupRolloutStream
         from ..runner import build_disaggregated_trainer
         from ..workloads import LengthProfile
-        from .pinning import cpu_seconds, pin_pools
+        from .pinning import cpu_seconds, cpu_used, pin_pools, this_run
         from .runner import make_round
 
         bench = config.rolloutpipe.bench
@@ -116,14 +116,14 @@ class RolloutCallsRunner:
                 batch, _ = make_round(trainer, profile, i, int(num_groups), int(bench.seed))
                 batch.meta_info["temperature"] = float(config.actor_rollout_ref.rollout.temperature)
                 probe = speed_probe(int(bench.rollout_cpus[0]))
-                cpu0, t0 = cpu_seconds(), time.monotonic()
+                cpu0, t0 = cpu_seconds(this_run()), time.monotonic()
                 extra = {"probe_s": probe, **generate(pattern, batch)}
-                seconds, cpu1 = time.monotonic() - t0, cpu_seconds()
+                seconds, cpu1 = time.monotonic() - t0, cpu_seconds(this_run())
                 if i:
                     out[pattern]["seconds"].append(seconds)
                     out[pattern]["extra"].append(extra)
-                    out[pattern]["cpu_s"].append({key: round(v - cpu0.get(key, 0.0), 3) for key, v in cpu1.items()
-                                                  if not key.startswith("trainer:") and v - cpu0.get(key, 0.0) >= 0.01})
+                    out[pattern]["cpu_s"].append({key: v for key, v in cpu_used(cpu0, cpu1).items()
+                                                  if not key.startswith("trainer:")})
         return out
 
 

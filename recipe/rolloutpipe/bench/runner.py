@@ -110,14 +110,14 @@ def run_round(trainer, profile: LengthProfile, num_groups: int, mode: str, round
               out_dir: Path, draw_png: bool) -> dict:
     """Round ``round_index`` of a setting in one mode, from the setting's start state (weights, AdamW,
     scheduler; published to vLLM), so every mode runs every round from the same state."""
-    from .pinning import cpu_seconds
+    from .pinning import cpu_seconds, cpu_used, this_run
 
     trainer.actor_rollout_wg.load_train_state(START_STATE)
     trainer.checkpoint_manager.update_weights(0)
     batch, lengths = make_round(trainer, profile, round_index, num_groups, int(bench.seed))
     trainer.global_steps = round_index + 1
     trainer.actor_rollout_wg.pop_compute_seconds()  # from here on
-    t0, cpu0 = time.monotonic(), cpu_seconds()
+    t0, cpu0 = time.monotonic(), cpu_seconds(this_run())  # this run's processes: not a test's beside it
     if parse_mode_spec(mode).mode == STOCK:
         out = verl_round(trainer, batch)
         trained, metrics, timeline = [out["rows"]], out["metrics"], None
@@ -128,7 +128,7 @@ def run_round(trainer, profile: LengthProfile, num_groups: int, mode: str, round
         trained, metrics, timeline = result.trained, dict(result.metrics), str(result.timeline_path)
         metrics[PREFIX + "old_log_prob_s"] = metrics.get("timing_s/rolloutpipe/old_log_prob", 0.0)
         extra = {"calls_per_step": result.calls_per_step}
-    cpu1 = cpu_seconds()
+    cpu1 = cpu_seconds(this_run())
     # the trainer pool's calls: compute inside the worker vs the rest of each call (Ray, serialisation, dispatch)
     by_rank = trainer.actor_rollout_wg.pop_compute_seconds()
     slowest = max(by_rank, key=lambda s: sum(s.values()))  # ranks compute in parallel: the slowest one's
@@ -137,9 +137,8 @@ def run_round(trainer, profile: LengthProfile, num_groups: int, mode: str, round
     metrics.update({PREFIX + "worker_compute_s": compute, PREFIX + "worker_infer_s": slowest["infer_batch"],
                     PREFIX + "worker_train_s": slowest["train_mini_batch"], PREFIX + "call_overhead_s": busy - compute,
                     PREFIX + "call_overhead_share": (busy - compute) / busy if busy > 0 else float("nan")})
-    cpu = {k: round(v - cpu0.get(k, 0.0), 3) for k, v in cpu1.items() if v - cpu0.get(k, 0.0) >= 0.01}
     return {"round": round_index + 1, "warmup": round_index < int(bench.warmup_rounds),
-            "wall_s": time.monotonic() - t0, "cpu_s": dict(sorted(cpu.items(), key=lambda kv: -kv[1])),
+            "wall_s": time.monotonic() - t0, "cpu_s": cpu_used(cpu0, cpu1),
             "workload_shape": describe(lengths, int(trainer.config.data.max_response_length)),
             "lengths_honoured": lengths_honoured(trained, batch, lengths), "timeline": timeline,
             "metrics": {k: float(v) for k, v in metrics.items() if k.startswith("rolloutpipe/")}, **extra}
