@@ -256,6 +256,7 @@ def test_a_mode_names_where_its_orchestration_runs():
     ("rolloutpipe.bench.modes=[stock,cgp@driver]", "'cgp@driver'"),  # no such pool
     ("rolloutpipe.bench.modes=[stock:paced,cgp]", "'stock:paced'"),  # verl's step has no FGD strength
     ("rolloutpipe.bench.modes=[stock,fcfs]", "'fcfs'"),
+    ("rolloutpipe.bench.modes=[stock,cgp+group]", "'cgp+group'"),  # no such train unit
     ("rolloutpipe.bench.orchestration=driver", "rolloutpipe.bench.orchestration='driver'"),
 ])
 def test_bad_bench_modes_are_named_before_ray_starts(override, named):
@@ -292,6 +293,7 @@ def test_mode_specs():
     assert parse_mode_spec("cgp_fgd:hold/4") == ModeSpec("cgp_fgd", "hold", 4, None)
     assert parse_mode_spec("cgp_fgd:priority+groups") == ModeSpec("cgp_fgd", "priority", None, "groups")
     assert parse_mode_spec("cgp+groups") == ModeSpec("cgp", None, None, "groups")
+    assert parse_mode_spec("cgp_fgd+steps") == ModeSpec("cgp_fgd", None, None, "steps")
     assert parse_mode_spec("cgp_fgd:hold/auto") == ModeSpec("cgp_fgd", "hold", "auto", None)
     assert parse_mode_spec("cgp_fgd:hold/engine") == ModeSpec("cgp_fgd", "hold", "engine", None)
     assert parse_mode_spec("cgp_fgd:paced") == ModeSpec("cgp_fgd", "paced", None, None)

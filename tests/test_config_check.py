@@ -47,6 +47,8 @@ def test_default_config_is_valid():
     (["algorithm.adv_estimator=gae"], "use grpo"),
     (["rolloutpipe.stall_timeout_s=0"], "rolloutpipe.stall_timeout_s=0"),
     (["rolloutpipe.ray_start_timeout_s=-1"], "rolloutpipe.ray_start_timeout_s=-1: use a positive number"),
+    (["rolloutpipe.train_unit=round"], "rolloutpipe.train_unit='round': use step (one update per optimizer step), "
+                                       "steps"),
     (["rolloutpipe.max_buffered_groups=3"], "rolloutpipe.max_buffered_groups=3 is below what mode=cgp_fgd must hold"),
     (["rolloutpipe.mode=sync", "rolloutpipe.max_buffered_groups=8"], "set it >= 16"),
     (["rolloutpipe.rollout_replicas=0", "rolloutpipe.layout=disaggregated"], "rolloutpipe.rollout_replicas=0: use"),

@@ -84,8 +84,12 @@ def drive_round(data, R: int, K: int, U: int, mode: str, width: int, strength: s
                     rnd.materialized(gid)
                 admit()
         else:
-            whole = data.draw(st.booleans())  # the trainer's two ways: whole steps (sync: the whole round) or pieces
-            d = rnd.take(whole_step=whole, max_groups=None if whole else data.draw(st.integers(1, U + 1)))
+            # the trainer's three ways: whole steps (sync: the whole round), every whole step ready, or pieces
+            unit = data.draw(st.sampled_from(["step", "steps", "groups"]))
+            whole, ready = unit != "groups", unit == "steps"
+            before = fifo.releasable()
+            d = rnd.take(whole_step=whole, max_groups=None if whole else data.draw(st.integers(1, U + 1)),
+                         ready_steps=ready)
             if d is None:  # whole steps only: the open step's groups are not all there yet
                 assert whole and not ledger.rollout_closed
                 continue
@@ -94,7 +98,13 @@ def drive_round(data, R: int, K: int, U: int, mode: str, width: int, strength: s
             if d.group_ids:  # the groups' own step indices are exactly the dispatch's steps
                 assert {ledger.group(g).step_index for g in d.group_ids} == set(range(d.step_index,
                                                                                       d.step_index + d.steps))
-            assert d.steps == 1 or (mode == "sync" and whole and ledger.rollout_closed)  # only sync's whole round
+            # several steps in one call: sync's whole round, or the whole steps that were ready
+            assert d.steps == 1 or (mode == "sync" and whole and ledger.rollout_closed) or ready
+            if ready and not current_step and before >= U:  # every whole step that was in goes, and no more
+                assert len(d.group_ids) == before - before % U
+            # each step's groups stay together in the training order, steps in order
+            trained_steps = [ledger.group(g).step_index for g in d.training_order]
+            assert trained_steps == sorted(trained_steps) and sorted(d.training_order) == sorted(d.group_ids)
             rnd.trained(d, clock.now(), clock.now(), trainer_version=3)
             admit()  # consumption frees buffer room
             consumed.extend(d.group_ids)
@@ -173,6 +183,26 @@ def test_cgp_releases_at_once_and_respects_step_boundaries():
     rnd.materialized(1)
     d3 = rnd.take(whole_step=True)
     assert d3.group_ids == (3, 1) and d3.step_index == 1 and d3.ends_step
+
+
+def test_ready_steps_go_in_one_call_each_step_kept_whole():
+    """train_unit=steps: a trainer that fell behind takes every whole step in the FIFO in one call; the step
+    boundaries are those of one call per step (arrival order), each step's groups trained in submission order."""
+    rnd = make_round(8, K=2, U=2)
+    rnd.admit()
+    for gid in (3, 0, 5, 1, 2):
+        rnd.served(gid)
+        rnd.materialized(gid)
+    d = rnd.take(whole_step=True, ready_steps=True)
+    assert d.group_ids == (3, 0, 5, 1) and d.steps == 2 and d.step_index == 0 and d.ends_step
+    assert d.training_order == (0, 3, 1, 5)  # not (0, 1, 3, 5): that would move group 1 into step 0
+    assert [rnd.ledger.group(g).step_index for g in (3, 0, 5, 1)] == [0, 0, 1, 1]
+    rnd.trained(d, 0.0, 1.0, trainer_version=0)
+    assert rnd.take(whole_step=True, ready_steps=True) is None  # group 2 waits for its step's second group
+    rnd.served(7)
+    rnd.materialized(7)
+    d = rnd.take(whole_step=True, ready_steps=True)  # one step ready: a call of one step, as train_unit=step
+    assert d.group_ids == (2, 7) and d.steps == 1 and d.step_index == 2
 
 
 def test_invariants_raise():

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, OmegaConf
 
 from .pipeline.frontier import resolve_frontier_width
-from .pipeline.modes import AUTO_WIDTH, ENGINE_WIDTH, TRAINER_MODES, FgdStrength, Mode
+from .pipeline.modes import AUTO_WIDTH, ENGINE_WIDTH, TRAIN_UNITS, TRAINER_MODES, FgdStrength, Mode
 
 
 class RolloutPipeConfigError(ValueError):
@@ -29,7 +29,8 @@ class PipeSettings:
     fgd_strength: str
     old_log_prob: str  # snapshot | rollout
     max_buffered_groups: int | None = None  # bound on groups between admission and consumption (back-pressure)
-    train_unit: str = "step"  # step: one update call per optimizer step | groups: accumulate groups as they come
+    train_unit: str = "step"  # step: one update call per optimizer step | steps: one for the whole steps ready |
+    # groups: accumulate groups as they come
     filter_metric: str | None = None  # dynamic sampling: drop groups whose K values of this metric are all equal
     max_extra_groups: int = 0  # replacements per round for filtered groups (prompts of later dataloader batches)
     frontier_auto: bool = False  # frontier_width=auto: each round's F_w from the last one's (MeasuredFrontierWidth)
@@ -100,9 +101,9 @@ def validate(cfg: DictConfig) -> PipeSettings:
                       "layout has one replica per trainer worker group)")
     dp = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
     train_unit = rp.get("train_unit", "step")
-    if train_unit not in ("step", "groups"):
-        errors.append(f"rolloutpipe.train_unit={train_unit!r}: use step (one update per optimizer step) or groups "
-                      "(accumulate complete groups as they arrive)")
+    if train_unit not in TRAIN_UNITS:
+        errors.append(f"rolloutpipe.train_unit={train_unit!r}: use step (one update per optimizer step), steps (one "
+                      "update for every whole step ready) or groups (accumulate complete groups as they arrive)")
     elif train_unit == "groups" and k % dp:
         errors.append(f"rolloutpipe.train_unit=groups trains single groups of K={k} responses, which the trainer's "
                       f"data-parallel size {dp} does not divide: change actor_rollout_ref.rollout.n or use "

@@ -44,6 +44,7 @@ from .logs import get_logger
 from .payload import Payload, metered
 from .pipeline import (
     PREFIX,
+    WHOLE_STEP_UNITS,
     Dispatch,
     MeasuredFrontierWidth,
     MonotonicClock,
@@ -320,8 +321,9 @@ class RolloutPipeTrainer(RayPPOTrainer):
         bar = tqdm(total=run.pipe.num_groups, desc=f"round {self.global_steps} [{run.pipe.mode}] consumed",
                    unit="group", leave=False)
         roller.start()
-        whole_step = run.pipe.train_unit == "step"
-        while (d := run.rnd.next_dispatch(whole_step, self.config.rolloutpipe.stall_timeout_s)) is not None:
+        whole_step = run.pipe.train_unit in WHOLE_STEP_UNITS
+        while (d := run.rnd.next_dispatch(whole_step, self.config.rolloutpipe.stall_timeout_s,
+                                          ready_steps=run.pipe.train_unit == "steps")) is not None:
             with marked_timer("rolloutpipe/train", run.timing):
                 self._fit_train_dispatch(run, d)
             bar.set_postfix(materialized=len(run.rnd.ledger.materialization_order), in_engine=run.stream.inflight)
@@ -357,7 +359,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
         rnd = Round(self.weights_version, shape, self.clock)
         rnd.timeline.settings["train_unit"] = pipe.train_unit
         # π_old of a call after the round's first optimizer step comes from the round-start snapshot
-        later_steps = trains_after_first_step(pipe.mode, pipe.train_unit == "step", pipe.num_groups, pipe.step_groups,
+        later_steps = trains_after_first_step(pipe.mode, pipe.train_unit in WHOLE_STEP_UNITS, pipe.num_groups,
+                                              pipe.step_groups,
                                               may_end_short=pipe.filter_metric is not None)
         snapshot = self.actor_rollout_wg.begin_round(snapshot=pipe.old_log_prob == "snapshot" and later_steps,
                                                      placement=self.config.rolloutpipe.snapshot_placement)[0]
@@ -403,14 +406,15 @@ class RolloutPipeTrainer(RayPPOTrainer):
             for a in admissions])
 
     def _fit_train_dispatch(self, run: _RoundRun, d: Dispatch) -> None:
-        """Train the dispatched groups: one verl update for a whole step (``train_unit: step``; sync: for the round's
-        whole steps), else accumulate them and step when the dispatch closes the optimizer step."""
+        """Train the dispatched groups: one verl update for a whole step (``train_unit: step``; ``steps``: for every
+        whole step that was ready; sync: for the round's whole steps), else accumulate them and step when the
+        dispatch closes the optimizer step."""
         rows = DataProto.concat([run.trainable.pop(g) for g in d.training_order]) if d.group_ids else None
         if rows is None and not (run.pipe.train_unit == "groups" and d.ends_step):
             return
         t0 = self.clock.now()
         # whole steps (sync: the whole round's) in one verl update call; else a short last step
-        whole = run.pipe.train_unit == "step" and len(d.group_ids) == run.pipe.step_groups * d.steps
+        whole = run.pipe.train_unit in WHOLE_STEP_UNITS and len(d.group_ids) == run.pipe.step_groups * d.steps
         order = None
         if whole and d.steps > 1 and (dp := self._data_parallel_size) > 1:  # verl's mini-batch s = step s's groups
             order = dp_step_order(len(rows), len(rows) // d.steps, dp)

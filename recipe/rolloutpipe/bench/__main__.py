@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 from ..main import CONFIG_DIR, prepare_runtime
-from ..pipeline.modes import ORCHESTRATION_PLACES, STOCK, TRAINER_MODES, parse_mode_spec
+from ..pipeline.modes import ORCHESTRATION_PLACES, STOCK, TRAIN_UNITS, TRAINER_MODES, parse_mode_spec
 from ..provenance import git_commit, machine
 from ..resolve import apply_layout
 from .pinning import pool_env
@@ -62,12 +62,12 @@ def main(argv: list[str] | None = None) -> None:
             return False
         if s.mode == STOCK:  # verl's own step: no strength, width or train unit of the recipe's
             return (s.fgd_strength, s.frontier_width, s.train_unit) == (None, None, None)
-        return s.mode in TRAINER_MODES
+        return s.mode in TRAINER_MODES and s.train_unit in (None, *TRAIN_UNITS)
 
     bad = [m for m in bench.modes if not known(m)]
     if bad:
         raise SystemExit(f"rolloutpipe bench: rolloutpipe.bench.modes: {bad} unknown; use stock (verl's own trainer) "
-                         "or mode[:priority|:paced|:hold][/F_w|/auto|/engine][+groups] with mode one of "
+                         "or mode[:priority|:paced|:hold][/F_w|/auto|/engine][+step|+steps|+groups] with mode one of "
                          f"{[str(m) for m in TRAINER_MODES]}, either followed by @rollout or @trainer (orchestration "
                          "pinned to that pool's cores)")
     if bench.get("orchestration") not in (None, *ORCHESTRATION_PLACES):

@@ -24,13 +24,15 @@ from .ledger import (
     PipelineStallError,
     RoundAbortedError,
 )
-from .modes import TRAINER_MODES, FgdStrength, Mode
+from .modes import TRAIN_UNITS, TRAINER_MODES, WHOLE_STEP_UNITS, FgdStrength, Mode
 from .round import Round, RoundShape
 from .timeline import PREFIX, RoundTimeline, TrainerInterval, plot_gantt
 
 __all__ = [
     "PREFIX",
     "TRAINER_MODES",
+    "TRAIN_UNITS",
+    "WHOLE_STEP_UNITS",
     "AdaptiveFrontierAdmission",
     "Admission",
     "AdmissionPolicy",

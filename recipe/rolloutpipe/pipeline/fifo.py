@@ -36,9 +36,13 @@ class Dispatch:
 
     @property
     def training_order(self) -> tuple[int, ...]:
-        """The order to train the dispatched groups in: submission order, so a step's numbers do not depend on
-        the order its groups finished in (the update is the same sum; only float summation order would differ)."""
-        return tuple(sorted(self.group_ids))
+        """The order to train the dispatched groups in: submission order within each optimizer step, so a step's
+        numbers do not depend on the order its groups finished in (the update is the same sum; only float summation
+        order would differ). A call over several steps (all whole) keeps each step's groups in that step."""
+        if self.steps == 1:
+            return tuple(sorted(self.group_ids))
+        size = len(self.group_ids) // self.steps
+        return tuple(g for s in range(self.steps) for g in sorted(self.group_ids[s * size: (s + 1) * size]))
 
 
 def dispatch_mode_of(mode: str) -> DispatchMode:
@@ -110,12 +114,15 @@ class CompleteGroupFIFO:
     def _left_in_step(self) -> int:
         return self.step_groups - self._cursor % self.step_groups
 
-    def take(self, max_groups: int | None = None, whole_step: bool = False) -> Dispatch | None:
+    def take(self, max_groups: int | None = None, whole_step: bool = False,
+             ready_steps: bool = False) -> Dispatch | None:
         """Next groups for the trainer, or None if none may go now.
 
         ``max_groups`` caps the call (a micro-batch of groups); ``whole_step`` waits until the rest of the current
         optimizer step is available, so the trainer can do one call per step (cheaper on Ray) -- in ``sync`` mode
-        the whole round's steps in one call (``_whole_round``). If the round closes short while a step is open (its
+        the whole round's steps in one call (``_whole_round``); with ``ready_steps`` every whole step already
+        materialized goes in that one call (a trainer that fell behind catches up in one call instead of one per
+        step; the step boundaries stay where they are). If the round closes short while a step is open (its
         last groups were filtered), one empty dispatch with ``ends_step`` says "take that step now".
         """
         if max_groups is not None and max_groups < 1:
@@ -131,7 +138,7 @@ class CompleteGroupFIFO:
         if whole_step and avail < left and not final:
             return None
         n = min(avail, left, max_groups or left)
-        if whole_step and max_groups is None and self._whole_round():
+        if whole_step and max_groups is None and (self._whole_round() or (ready_steps and not self._step_open)):
             n = avail - avail % self.step_groups or avail  # whole steps; a short last step alone, after them
         start = self._cursor
         step_index = start // self.step_groups

@@ -30,6 +30,12 @@ class FgdStrength(str, Enum):
 
 
 TRAINER_MODES = (Mode.SYNC, Mode.CGP, Mode.CGP_FGD)  # the modes the real trainer runs
+
+# ``rolloutpipe.train_unit``: what one trainer call takes. step: one optimizer step (its U groups, once all are in);
+# steps: every whole step already in (one call per step while the trainer keeps up, one for a backlog's steps when
+# it fell behind); groups: the complete groups there are (gradients accumulated, the step taken with the U-th)
+TRAIN_UNITS = ("step", "steps", "groups")
+WHOLE_STEP_UNITS = ("step", "steps")  # units whose calls take whole optimizer steps only
 STOCK = "stock"  # verl's own trainer (rolloutpipe.trainer=stock): the reference every speed figure is against
 
 
@@ -39,8 +45,9 @@ WIDTH_WORDS = (AUTO_WIDTH, ENGINE_WIDTH)
 
 
 # The bench's (and the simulator check's) mode strings:
-# ``mode[:fgd_strength][/frontier_width][+groups][@pool]``, e.g. ``cgp``, ``cgp_fgd:priority``, ``cgp_fgd:hold/4``,
-# ``cgp_fgd:hold/auto``, ``cgp_fgd:hold/engine``, ``cgp_fgd:hold+groups`` (``rolloutpipe.train_unit=groups``),
+# ``mode[:fgd_strength][/frontier_width][+train_unit][@pool]``, e.g. ``cgp``, ``cgp_fgd:priority``,
+# ``cgp_fgd:hold/4``, ``cgp_fgd:hold/auto``, ``cgp_fgd:hold/engine``, ``cgp_fgd:hold+groups``
+# (``rolloutpipe.train_unit=groups``; ``+steps``, ``+step``),
 # ``stock@rollout`` (the bench's orchestration -- driver, task runner, Ray's daemons -- pinned to the rollout pool's
 # cores for that mode's rounds; ``@trainer``: the trainer's; none: ``rolloutpipe.bench.orchestration``).
 ORCHESTRATION_PLACES = ("rollout", "trainer")
@@ -50,7 +57,7 @@ class ModeSpec(NamedTuple):
     mode: str  # sync | cgp | cgp_fgd (| stock in the bench)
     fgd_strength: str | None  # hold | priority | paced | None (the config's)
     frontier_width: int | str | None  # a number, "auto", "engine", or None: the config's F_w
-    train_unit: str | None = None  # step | groups | None (the config's)
+    train_unit: str | None = None  # step | steps | groups | None (the config's)
     orchestration: str | None = None  # rollout | trainer | None (the bench's setting): where orchestration runs
 
 

@@ -124,13 +124,15 @@ class Round:
             return self.ledger.rollout_closed
 
     # ---- trainer side ------------------------------------------------------------------------------------------
-    def take(self, whole_step: bool = True, max_groups: int | None = None) -> Dispatch | None:
-        """The next groups for the trainer if some may go now (never blocks; ``max_groups`` caps the call)."""
+    def take(self, whole_step: bool = True, max_groups: int | None = None,
+             ready_steps: bool = False) -> Dispatch | None:
+        """The next groups for the trainer if some may go now (never blocks; ``max_groups`` caps the call;
+        ``ready_steps``: every whole step ready in one call, ``CompleteGroupFIFO.take``)."""
         with self._cond:
-            return self.fifo.take(max_groups=max_groups, whole_step=whole_step)
+            return self.fifo.take(max_groups=max_groups, whole_step=whole_step, ready_steps=ready_steps)
 
     def next_dispatch(self, whole_step: bool = True, stall_timeout_s: float | None = None,
-                      poll_s: float = 0.5) -> Dispatch | None:
+                      poll_s: float = 0.5, ready_steps: bool = False) -> Dispatch | None:
         """Block until the trainer has groups to train; None when every trainable group has been dispatched.
         Raises the rollout side's failure, or a stall error naming the outstanding groups."""
         with self._cond:
@@ -138,7 +140,7 @@ class Round:
                 if self._failure is not None:
                     raise RuntimeError(f"rolloutpipe: rollout side failed in round v{self.version}") \
                         from self._failure
-                d = self.fifo.take(whole_step=whole_step)
+                d = self.fifo.take(whole_step=whole_step, ready_steps=ready_steps)
                 if d is not None or self.fifo.exhausted:
                     return d
                 self.ledger.check_progress(stall_timeout_s)

@@ -68,13 +68,15 @@ class EngineModel:
 @dataclass(frozen=True)
 class TrainerModel:
     """Compute per group (or per response token if ``per_token_s`` > 0) plus a fixed cost per optimizer step and
-    per trainer call. ``whole_step``: one call per optimizer step (how the real trainer amortises Ray overhead)."""
+    per trainer call. ``whole_step``: one call per optimizer step (how the real trainer amortises Ray overhead);
+    ``ready_steps``: with it, one call for every whole step ready (``train_unit=steps``)."""
 
     per_group_s: float = 6.0
     per_token_s: float = 0.0
     step_overhead_s: float = 0.1
     call_overhead_s: float = 0.0
     whole_step: bool = False
+    ready_steps: bool = False
     reward_s: float = 0.05  # reward + advantage, per group, on the rollout side
     publish_s: float = 5.0
     contended_slowdown: float = 0.0  # extra step time when the engine is decoding (see EngineModel)
@@ -206,7 +208,7 @@ def simulate_round(
         nonlocal trainer_busy_until
         if trainer_busy_until > clock.now():
             return
-        d = rnd.take(whole_step=trainer.whole_step)
+        d = rnd.take(whole_step=trainer.whole_step, ready_steps=trainer.ready_steps)
         if d is None:
             set_contention(False)
             return
