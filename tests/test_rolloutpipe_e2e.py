@@ -119,7 +119,9 @@ KL = ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_lo
     # Step mode: π_old and the reference come in the serial run's call shapes, so the penalised advantages are
     # exact. (Per group they differ by float rounding, ~1e-6, which GRPO amplifies in a group whose K scores are
     # equal: its advantages are then the KL term alone over its tiny spread -- verl's semantics, measured 0.2.)
-    ("step", [*KL, "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "algorithm.use_kl_in_reward=true",
+    # steps: every whole step ready in one call -- single steps while the trainer keeps up, several in one call
+    # when it fell behind (both seen in one round: 2 calls for 4 steps), each as exact as the serial run
+    ("steps", [*KL, "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "algorithm.use_kl_in_reward=true",
               "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.kl_coef=0.5"]),
     ("groups", [*KL, "actor_rollout_ref.actor.kl_loss_type=kl"]),
 ])

@@ -25,6 +25,21 @@ def test_round_consumes_every_group_and_trains_the_same(mode, strength):
                                                             + len(steps) * 0.1)
 
 
+def test_ready_steps_take_a_backlog_in_fewer_calls_and_the_same_steps():
+    """train_unit=steps in the simulator: a trainer slower than the arrivals catches up in fewer calls, each paying
+    the per-call cost once, over the same optimizer steps and groups as one call per step."""
+    slow = TrainerModel(per_group_s=20.0, call_overhead_s=2.0, whole_step=True)
+    spec = RoundSpec(24, mode="cgp")
+    per_step, ready = (simulate_round(spec, W, trainer=t) for t in (slow, replace(slow, ready_steps=True)))
+    assert per_step.trainer_calls() == 12 and ready.trainer_calls() < 12
+    assert ready.ledger.materialization_order == per_step.ledger.materialization_order
+    steps = [{g.order: g.step_index for g in tl.ledger.groups} for tl in (ready, per_step)]
+    assert steps[0] == steps[1]
+    key = "rolloutpipe/rollout_to_train_end_s"
+    saved = (12 - ready.trainer_calls()) * slow.call_overhead_s
+    assert ready.metrics()[key] == pytest.approx(per_step.metrics()[key] - saved)
+
+
 def test_pipelining_never_loses_to_sync_and_fgd_dispatches_first_group_earlier():
     w = calibrated("OlyPhys")
     ends = {m: simulate_round(RoundSpec(96, mode=m), w, ENGINE, TRAINER).metrics() for m in ("sync", "cgp", "cgp_fgd")}
