@@ -18,7 +18,7 @@ import torch
 from verl.plugin.platform.platform_base import PlatformBase
 from verl.plugin.platform.platform_manager import PlatformRegistry
 
-from . import known_noise
+from . import known_noise, vllm_compat
 
 
 def _cpu_device_module() -> types.ModuleType:
@@ -184,14 +184,44 @@ def patch_unpinned_cpu_offload() -> None:
     fsdp.CPUOffloadPolicy = UnpinnedCPUOffloadPolicy
 
 
+def patch_merged_lora_full_precision() -> None:
+    """verl publishes merged LoRA weights (``model.lora.merge``, the disaggregated layout's default) cast to bf16,
+    the dtype of its GPU rollouts. The CPU rollout runs fp32 (config/platform/cpu.yaml): bf16-rounded weights put
+    its log-probs 7e-3 (p90) off the trainer's, ~70x the fp32 gap. On CPU they go in the trainer's own dtype;
+    otherwise this is verl's generator (FSDPEngine._merged_lora_per_tensor_param), offload handling included."""
+    from torch.distributed.tensor import DTensor
+    from verl.workers.engine.fsdp import transformer_impl as fsdp
+
+    engine = fsdp.FSDPEngine
+    if getattr(engine._merged_lora_per_tensor_param, "_rolloutpipe_cpu", False):
+        return
+
+    def _merged_lora_per_tensor_param(self):
+        try:
+            with fsdp.merged_lora_context(self.module, backup_adapters=True):
+                params = fsdp.normalize_peft_param_name(self.module.state_dict())
+                params = fsdp.convert_weight_keys(params, getattr(self.module, "_fsdp_wrapped_module", self.module))
+                for name, param in params.items():  # copies: the context restores the unmerged weights on exit
+                    full = param.full_tensor() if isinstance(param, DTensor) else param  # one rank: maybe a view
+                    yield name, full.detach().clone()
+        finally:
+            if self._is_offload_param:
+                fsdp.offload_fsdp_model_to_cpu(self.module)
+
+    _merged_lora_per_tensor_param._rolloutpipe_cpu = True
+    engine._merged_lora_per_tensor_param = _merged_lora_per_tensor_param
+
+
 def on_cpu() -> bool:
     from verl.plugin.platform import get_platform
 
     return get_platform().device_name == "cpu"
 
 
-# Loaded as verl's entry point, so in every verl process: filter the start-up warnings nobody here can act on.
+# Loaded as verl's entry point, so in every verl process: filter the start-up warnings nobody here can act on, and
+# make a weight publication whose engine side failed raise instead of hang (any platform).
 known_noise.install()
+vllm_compat.install_publication_guard()
 # The platform above is registered by the decorator; the rest only on CPU hosts.
 if not torch.cuda.is_available():
     try:
@@ -199,5 +229,6 @@ if not torch.cuda.is_available():
         register_cpu_engines()
         patch_process_group_backend()  # engine imports above may have bound the original name
         patch_unpinned_cpu_offload()
+        patch_merged_lora_full_precision()
     except ImportError as e:  # pragma: no cover - surfaced by tests/test_cpu_stack.py
         print(f"rolloutpipe: could not register verl's FSDP engines for CPU: {e}", file=sys.stderr)

@@ -56,6 +56,10 @@ class StreamingActorMixin:
     def _params(self) -> dict[str, torch.Tensor]:
         return {n: p for n, p in self._module().named_parameters()}
 
+    def _trained_params(self) -> dict[str, torch.Tensor]:
+        """What an optimizer step changes (with LoRA: the adapter; the frozen base is not copied for π_old)."""
+        return {n: p for n, p in self._params().items() if p.requires_grad}
+
     def _clone_params(self) -> dict[str, torch.Tensor]:
         """A host copy of this rank's weights (train state saved for the check, weights sent to the driver)."""
         return {n: local(p.data).detach().clone().cpu() for n, p in self._params().items()}
@@ -143,7 +147,7 @@ class StreamingActorMixin:
                 eng.lr_scheduler_step = saved
 
     def _infer_snapshot(self, data):
-        with self._rp_snapshot.swapped_in(self._params()):
+        with self._rp_snapshot.swapped_in(self._trained_params()):
             return self._infer(data)
 
     def _fit_micro_batches(self, data, configured: int | None, rows: int | None = None):
@@ -172,7 +176,7 @@ class StreamingActorMixin:
         self._rp_snapshot = None  # the previous one is freed before the next is taken
         if not snapshot:
             return None
-        self._rp_snapshot = ParamSnapshot(self._params(), placement)
+        self._rp_snapshot = ParamSnapshot(self._trained_params(), placement)
         return {"bytes": float(self._rp_snapshot.nbytes), "seconds": self._rp_snapshot.take_s,
                 "placement": self._rp_snapshot.placement}
 

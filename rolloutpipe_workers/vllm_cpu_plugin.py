@@ -7,7 +7,8 @@ packed copy. This plugin replaces that dispatch for 2-D weights with ``torch.nn.
 parameter: a reload takes effect at the next forward. Other weights (3-D MoE/conv) keep vLLM's path.
 
 Registered as entry point ``vllm.general_plugins`` (pyproject.toml), so vLLM loads it in every engine process.
-It does nothing off CPU. Tested in tests/test_cpu_stack.py (generation follows reloaded weights).
+It does nothing off CPU, except the LoRA loader's name fix (``vllm_compat.alias_lora_rename_mapper``). Tested in
+tests/test_cpu_stack.py (generation follows reloaded weights).
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ def _keep_plain_linear(orig):  # mirrors vLLM's private signature
 
 
 def register() -> None:
-    from . import known_noise
+    from . import known_noise, vllm_compat
 
     known_noise.install()  # vLLM loads this plugin in each of its processes: filter the noise there, too
+    vllm_compat.alias_lora_rename_mapper()  # verl's LoRA loader calls vLLM 0.30's name (any platform)
     global _PATCHED
     if _PATCHED or torch.cuda.is_available():
         return

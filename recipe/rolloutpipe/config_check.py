@@ -82,6 +82,10 @@ def validate(cfg: DictConfig) -> PipeSettings:
     stall = rp.get("stall_timeout_s")
     if stall is not None and float(stall) <= 0:
         errors.append(f"rolloutpipe.stall_timeout_s={stall}: use a positive number of seconds (or null to disable)")
+    gap = rp.get("max_logprob_gap_p90")
+    if gap is not None and not (isinstance(gap, (int, float)) and gap > 0):
+        errors.append(f"rolloutpipe.max_logprob_gap_p90={gap!r}: use a positive log-prob difference (1e-3 on CPU "
+                      "fp32) or null to disable the check")
     ray_start = rp.get("ray_start_timeout_s")
     if ray_start is not None and float(ray_start) <= 0:
         errors.append(f"rolloutpipe.ray_start_timeout_s={ray_start}: use a positive number of seconds (Ray's "

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ray
 
+from rolloutpipe_workers.vllm_compat import WeightPublicationError
+
 
 class NoRolloutReplicaLeftError(RuntimeError):
     """Every rollout replica died: the round cannot complete."""
@@ -32,8 +34,9 @@ def find_cause(e: BaseException, kind: type | tuple[type, ...]) -> BaseException
 
 
 def dead_actor_error(e: BaseException) -> BaseException | None:
-    """The Ray "actor died" error behind ``e``, or the no-replica-left error, if any."""
-    return find_cause(e, (NoRolloutReplicaLeftError, ray.exceptions.RayActorError))
+    """The Ray "actor died" error behind ``e``, the no-replica-left error, or an engine that stopped taking published
+    weights (``vllm_compat.WeightPublicationError``), if any."""
+    return find_cause(e, (NoRolloutReplicaLeftError, WeightPublicationError, ray.exceptions.RayActorError))
 
 
 class ReplicaFailover:

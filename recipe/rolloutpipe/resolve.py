@@ -31,6 +31,9 @@ DISAGGREGATED: dict[str, dict[str, object]] = {
         f"{CKPT}.custom_backend_module": "rolloutpipe_workers.cpu_checkpoint_engine",
         f"{CKPT}.update_weights_bucket_megabytes": 64,
         "actor_rollout_ref.rollout.load_format": "dummy",
+        # LoRA: publish the merged weights. verl's checkpoint-engine path sends only the base weights of an unmerged
+        # adapter, so the replicas would never see it (docs/lora.md); harmless without LoRA
+        "actor_rollout_ref.model.lora.merge": True,
     },
     # GPU: the rollout pool's size is the user's (actor_rollout_ref.rollout.n_gpus_per_node / nnodes, required);
     # vLLM owns its GPUs (no trainer beside it), weights through verl's nccl checkpoint engine
@@ -41,6 +44,7 @@ DISAGGREGATED: dict[str, dict[str, object]] = {
         "actor_rollout_ref.rollout.free_cache_engine": False,  # nothing else on the rollout GPUs to make room for
         f"{CKPT}.backend": "nccl",
         "actor_rollout_ref.rollout.load_format": "dummy",
+        "actor_rollout_ref.model.lora.merge": True,  # as on CPU: the checkpoint engine sends no unmerged adapter
     },
 }
 

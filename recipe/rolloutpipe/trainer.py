@@ -35,6 +35,7 @@ from verl.utils.metric import reduce_metrics
 from verl.utils.profiler import marked_timer
 
 from rolloutpipe_workers.actor_parts import fitting_micro_batch
+from rolloutpipe_workers.vllm_compat import WeightPublicationError
 
 from .config_check import PipeSettings, validate
 from .failover import NoRolloutReplicaLeftError, ReplicaFailover, dead_actor_error
@@ -209,7 +210,8 @@ class RolloutPipeTrainer(RayPPOTrainer):
         if self.config.rolloutpipe.layout == "disaggregated":
             self.failover = ReplicaFailover(self.llm_server_manager)
         self._load_checkpoint()
-        self.checkpoint_manager.update_weights(self.global_steps)
+        with self._one_message_if_a_worker_fails("before round 1 (publishing the starting weights)"):
+            self.checkpoint_manager.update_weights(self.global_steps)
         self.weights_version = self.global_steps
         test_freq = self.config.trainer.test_freq
         if self.val_dataset is not None and self.config.trainer.get("val_before_train", False):
@@ -218,6 +220,7 @@ class RolloutPipeTrainer(RayPPOTrainer):
         batches = self._prompt_batches()
         while True:
             metrics = self._fit_round_or_abort(next(batches), more_prompts=lambda: next(batches)).metrics
+            self._check_engine_has_the_weights(metrics)
             last = self.global_steps >= self.total_training_steps
             if test_freq > 0 and (last or self.global_steps % test_freq == 0):
                 metrics.update(self._validate_and_report())
@@ -247,23 +250,48 @@ class RolloutPipeTrainer(RayPPOTrainer):
 
     def _fit_round_or_abort(self, batch: DataProto,
                             more_prompts: Callable[[], DataProto] | None = None) -> RoundResult:
-        """``fit_round``; a dead worker (trainer or rollout side) becomes one message naming the round and the
-        checkpoint to resume from."""
-        try:
+        """``fit_round``; a dead worker (trainer or rollout side) or an engine that stopped taking the published
+        weights becomes one message naming the round and the checkpoint to resume from."""
+        with self._one_message_if_a_worker_fails(f"during round {self.global_steps}"):
             return self.fit_round(batch, more_prompts)
-        except Exception as e:  # only a dead actor is translated; anything else is re-raised
+
+    @contextmanager
+    def _one_message_if_a_worker_fails(self, when: str) -> Iterator[None]:
+        try:
+            yield
+        except Exception as e:  # only a dead actor or a failed publication is translated; the rest is re-raised
             dead = dead_actor_error(e)
             if dead is None:
                 raise
             step = self._latest_checkpoint_step()
-            what = str(dead) if isinstance(dead, NoRolloutReplicaLeftError) else type(dead).__name__
+            who = "the rollout engine failed" if isinstance(dead, WeightPublicationError) else "a worker died"
+            what = str(dead) if isinstance(dead, (NoRolloutReplicaLeftError, WeightPublicationError)) \
+                else type(dead).__name__
             raise RoundAbortedError(
-                f"rolloutpipe: a worker died during round {self.global_steps} ({what}); nothing of the "
-                f"round was published (the rollout still holds weights v{self.weights_version}). Last checkpoint: "
+                f"rolloutpipe: {who} {when} ({what}); nothing of the round was published (the rollout "
+                f"holds weights v{self.weights_version} or a partial load of the next). Last checkpoint: "
                 + (f"{self._checkpoint_dir(step)}; rerun the same command (trainer.resume_mode=auto) to restart round "
                    f"{step + 1} from it." if step is not None else
                    "none (set trainer.save_freq to checkpoint at round boundaries); rerun to start over.")
             ) from None
+
+    def _check_engine_has_the_weights(self, metrics: dict[str, Any]) -> None:
+        """Stop when the round's responses were not sampled by the weights the trainer holds: their vLLM log-probs
+        and the trainer's differ by more than ``rolloutpipe.max_logprob_gap_p90`` (p90 over response tokens).
+        A publication that did nothing -- verl sending an unmerged LoRA adapter's base weights only -- is silent
+        otherwise: the run goes on training on another policy's samples."""
+        bound = self.config.rolloutpipe.get("max_logprob_gap_p90")
+        gap = metrics.get(PREFIX + "rollout_vs_trainer_logprob_diff_p90")
+        if bound is None or gap is None or not gap > bound:
+            return
+        step = self._latest_checkpoint_step()
+        raise RoundAbortedError(
+            f"rolloutpipe: round {self.global_steps} was not generated with the trainer's weights v"
+            f"{self.weights_version - 1}: p90 |vLLM log-prob - trainer log-prob| = {gap:.4g} > "
+            f"rolloutpipe.max_logprob_gap_p90={bound:g} (the engine holds other weights: the publication did not "
+            "reach it -- with LoRA in the disaggregated layout keep actor_rollout_ref.model.lora.merge=true). Last "
+            "checkpoint: " + (str(self._checkpoint_dir(step)) if step is not None else "none")
+            + "; raise the bound or set it to null only if this gap is expected (other kernels or precisions)")
 
     def _checkpoint_dir(self, step: int) -> Path:
         return Path(self.config.trainer.default_local_dir) / f"global_step_{step}"
