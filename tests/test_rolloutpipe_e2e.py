@@ -103,6 +103,11 @@ def test_streaming_rounds(tmp_path, extra):
             assert beyond  # priority admits everything at once (the engine orders): the check can see a violation
         assert (tmp_path / "tl" / f"round{i:04d}_{mode}.png").stat().st_size > 0
         assert (tmp_path / "tl" / f"round{i:04d}_{mode}.trace.json").stat().st_size > 0
+    # the run's record (docs/results/main_job.json is one): its curve, commit and wall time, start-up included
+    record = json.loads((tmp_path / "tl" / "learning_curve.json").read_text())
+    assert len(record["round_rewards"]) == record["rounds"] == 2 and record["mode"] == mode
+    assert record["wall_s"] > 0 and len(record["git_commit"]) >= 40 and "trainer.total_training_steps=2" in \
+        record["overrides"]
     if DYNAMIC_SAMPLING[0] in extra:
         # the embedded default has groups without reward variance: the filter had work, and none trained is one
         assert sum(int(r[2]) for r in rounds) > 0, rounds

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -160,6 +161,27 @@ def run(config: DictConfig, task_runner_class: type | None = None, user: frozens
         run_ppo(config, task_runner_class=task_runner_class or RolloutPipeTaskRunner)
     except (RoundAbortedError, PipelineStallError) as e:  # raised in the task runner; Ray re-raises it here
         raise SystemExit(str(getattr(e, "cause", None) or e).strip()) from None
+    record_run(config)
+
+
+def record_run(config: DictConfig) -> None:
+    """Add what produced it to the run's learning_curve.json: the commit, the wall time from this process's start
+    (Ray, workers and vLLM start-up included) and the command-line keys (docs/results/main_job.json is one)."""
+    import json
+
+    import psutil
+
+    from .provenance import git_commit, machine
+
+    path = Path(config.rolloutpipe.timeline_dir) / "learning_curve.json"
+    if not path.exists():
+        return
+    record = json.loads(path.read_text())
+    record.update(git_commit=git_commit(), machine=machine(), overrides=sys.argv[1:],
+                  wall_s=round(time.time() - psutil.Process().create_time(), 1), mode=str(config.rolloutpipe.mode),
+                  rounds=int(config.trainer.total_training_steps))
+    path.write_text(json.dumps(record, indent=1))
+    logger.info(f"[rolloutpipe] run record: {path} ({record['wall_s']:.0f} s wall, start-up included)")
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="rolloutpipe", version_base=None)
