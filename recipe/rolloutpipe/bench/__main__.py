@@ -1,6 +1,7 @@
-"""``python -m recipe.rolloutpipe.bench [--quick] [--json OUT] [key=value ...]``: verl's own trainer (``stock``) vs
-sync vs CGP vs CGP+FGD side by side on the real stack (disaggregated layout, rollout pool and trainer pool pinned to
-separate cores), interleaved round by round, with paired bootstrap CIs.
+"""``python -m recipe.rolloutpipe.bench [--quick | --headline] [--json OUT] [key=value ...]``: verl's own trainer
+(``stock``) vs sync vs CGP vs CGP+FGD side by side on the real stack (disaggregated layout, rollout pool and trainer
+pool pinned to separate cores), interleaved round by round, with paired bootstrap CIs. ``--headline``: the quick
+setting in fresh launches, summarized in docs/results/headline.json and the README's table (bench/headline.py).
 
 Writes docs/results/bench.json (records), bench.md (table), bench_bars.png, timelines_<workload>_R<R>.png and the
 per-round timelines; ``--json OUT`` also writes the records to OUT. Trailing ``key=value`` override
@@ -10,6 +11,7 @@ config/rolloutpipe.yaml merged with config/rolloutpipe_bench.yaml (e.g. ``rollou
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import time
@@ -43,10 +45,25 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m recipe.rolloutpipe.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true",
                     help="stock, sync, cgp, cgp_fgd on one workload, one R, 5 rounds (about 10 minutes on 2 cores)")
+    ap.add_argument("--headline", action="store_true",
+                    help="the quick setting in fresh launches (rolloutpipe.bench.headline: runs x rounds), summarized "
+                         "in docs/results/headline.json and the README's table (about 30 minutes on 2 cores)")
+    ap.add_argument("--allow-dirty", action="store_true", help="--headline on a tree that differs from its commit")
     ap.add_argument("--json", type=Path, default=None, help="also write the summary records here")
     ap.add_argument("overrides", nargs="*", help="key=value overrides (verl / rolloutpipe keys)")
     args = ap.parse_args(argv)
 
+    if args.headline:
+        from . import headline
+
+        spec = load_config(True, args.overrides).rolloutpipe.bench.headline
+        result = headline.run(args.allow_dirty, args.overrides, int(spec.runs), int(spec.rounds), Path(spec.out_dir))
+        out = args.json or headline.HEADLINE_JSON
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        headline.write_readme_table(result)
+        print(headline.readme_table(result))
+        print(f"[rolloutpipe bench] headline -> {out}; README table regenerated")
+        return
     cfg = load_config(args.quick, args.overrides)
     apply_layout(cfg)
     from ..config_check import RolloutPipeConfigError, validate

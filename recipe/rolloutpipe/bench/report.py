@@ -52,16 +52,39 @@ def group_overheads(timeline: dict) -> dict[str, float]:
     return {"materialize_per_group_s": _median(mats)}
 
 
-def _bootstrap_median_ci(xs: list[float], seed: int = 0) -> list[float]:
-    """95 % bootstrap CI (percentile) of the median of ``xs`` (scipy.stats.bootstrap); [x, x] for one value."""
-    xs = [x for x in xs if x == x]
-    if len(xs) < 2 or max(xs) == min(xs):
-        return [xs[0], xs[0]] if xs else [float("nan"), float("nan")]
+def median_ci(strata: list[list[float]], seed: int = 0) -> list[float]:
+    """95 % CI of the median of all values: a BCa bootstrap (scipy.stats.bootstrap) with each stratum's values
+    resampled within that stratum (one stratum: a plain bootstrap; several: the launches of a headline, so no resample
+    mixes one launch's state into another's). The percentile interval of a few values is their min-max, so it is
+    used only where BCa is degenerate (ties everywhere). [x, x] when nothing varies."""
+    samples = tuple(np.asarray([x for x in s if x == x], dtype=float) for s in strata)
+    samples = tuple(s for s in samples if len(s))
+    pooled = np.concatenate(samples) if samples else np.asarray([])
+    if not len(pooled):
+        return [float("nan"), float("nan")]
+    if len(pooled) < 2 or pooled.max() == pooled.min() or any(len(s) < 2 for s in samples):
+        return [float(np.median(pooled))] * 2
+    import warnings
+
     from scipy.stats import bootstrap
 
-    res = bootstrap((np.asarray(xs),), np.median, confidence_level=0.95, method="percentile", n_resamples=9999,
-                    random_state=np.random.default_rng(seed))
-    return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+    def median_of_all(*xs: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.median(np.concatenate(xs, axis=axis), axis=axis)
+
+    for method in ("BCa", "percentile"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a degenerate BCa warns, then returns nan: the fallback below
+            res = bootstrap(samples, median_of_all, method=method, paired=False, confidence_level=0.95,
+                            n_resamples=9999, random_state=np.random.default_rng(seed))
+        lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+        if lo == lo and hi == hi:
+            return [lo, hi]
+    return [float("nan"), float("nan")]
+
+
+def _bootstrap_median_ci(xs: list[float], seed: int = 0) -> list[float]:
+    """95 % CI of the median of ``xs`` (``median_ci``, one stratum)."""
+    return median_ci([xs], seed)
 
 
 def _paired(rounds: list[dict], base: list[dict], key: str = "rollout_to_train_end_s",

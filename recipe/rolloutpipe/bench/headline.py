@@ -1,0 +1,145 @@
+"""The number this project quotes: ``python -m recipe.rolloutpipe.bench --headline [--allow-dirty] [key=value ...]``.
+
+The quick setting (config/rolloutpipe_bench.yaml ``quick``) run ``rolloutpipe.bench.headline.runs`` times, each a
+fresh launch (Ray, vLLM and the trainer started anew: launch-to-launch drift is part of the result), with
+``rolloutpipe.bench.headline.rounds`` paired rounds each. Writes docs/results/headline.json and regenerates the
+README's performance table from it (``python -m recipe.rolloutpipe.bench.headline --readme`` does only the latter).
+
+Per mode, over the rounds of every run: the median cut against verl's own step (``reduction_vs_verl``: 1 - T_mode /
+T_stock of the same round) and its 95 % CI, a BCa bootstrap of that median with the rounds resampled within their
+own run (runs are strata: no resample mixes one launch's state into another's); ``fraction_of_ideal``, the cut
+achieved ÷ the cut of the bound on the same rounds (a pipelined round cannot end before its rollout plus its last
+optimizer step: ``ideal_s``, docs/metrics.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..pipeline.modes import STOCK
+from ..provenance import ROOT, git_commit, machine
+from .report import median_ci
+
+HEADLINE_JSON = ROOT / "docs" / "results" / "headline.json"
+README = ROOT / "README.md"
+TABLE_START = "<!-- headline table: generated from docs/results/headline.json by `python -m recipe.rolloutpipe.bench" \
+              ".headline --readme`; do not edit -->"
+TABLE_END = "<!-- /headline table -->"
+CI_METHOD = ("BCa bootstrap of the median over all rounds, rounds resampled within their launch (scipy.stats.bootstrap;"
+             " report.median_ci)")
+# what the headline is held to (the trust issue's targets): the recipe's default mode and the serial baseline
+TARGETS = {"cgp_fgd": "median >= 25 % with the CI's low end above 0", "sync": "within +-3 % of verl's step"}
+
+
+def _record(run: dict, mode: str) -> dict | None:
+    return next((r for r in run["records"] if r["mode"] == mode), None)
+
+
+def summarize(runs: list[dict], commit: str, rounds_per_run: int) -> dict[str, Any]:
+    """headline.json's content from the runs' bench.json contents (one workload and one R each, as --quick)."""
+    modes = [r["mode"] for r in runs[0]["records"]]
+    stock = [_record(run, STOCK) for run in runs]
+    out: dict[str, Any] = {
+        "git_commit": commit, "machine": machine(), "rounds_per_run": rounds_per_run, "ci_method": CI_METHOD,
+        "workload": runs[0]["records"][0]["workload"], "R": runs[0]["records"][0]["R"],
+        "verl_step_s": [s["rollout_to_train_end_s"] for s in stock if s],
+        "runs": [{"git_commit": run.get("git_commit"), "wall_s": run.get("settings", {}).get("wall_s"),
+                  "modes": {m: {k: rec[k] for k in ("reduction_vs_verl", "reduction_vs_verl_ci", "rounds")}
+                            for m in modes if m != STOCK and (rec := _record(run, m))}} for run in runs],
+        "modes": {},
+    }
+    for mode in modes:
+        if mode == STOCK:
+            continue
+        recs = [(_record(run, mode), s) for run, s in zip(runs, stock, strict=True)]
+        per_run = [list(rec["reduction_vs_verl_per_round"]) for rec, _ in recs if rec]
+        pooled = [x for run in per_run for x in run if x == x]
+        fractions = [rec["reduction_vs_verl"] / (1 - rec["ideal_s"] / s["rollout_to_train_end_s"])
+                     for rec, s in recs
+                     if rec and s and rec.get("ideal_s") and rec["ideal_s"] < s["rollout_to_train_end_s"]]
+        out["modes"][mode] = {
+            "median_reduction_vs_verl": float(np.median(pooled)) if pooled else float("nan"),
+            "reduction_vs_verl_ci": median_ci(per_run),
+            "per_run_median": [rec["reduction_vs_verl"] for rec, _ in recs if rec],
+            "rounds": len(pooled),
+            "fraction_of_ideal": float(np.median(fractions)) if fractions else None,
+        }
+    cut = out["modes"]
+    out["targets"] = {
+        "cgp_fgd": None if "cgp_fgd" not in cut else
+        bool(cut["cgp_fgd"]["median_reduction_vs_verl"] >= 0.25 and cut["cgp_fgd"]["reduction_vs_verl_ci"][0] > 0),
+        "sync": None if "sync" not in cut else bool(abs(cut["sync"]["median_reduction_vs_verl"]) <= 0.03),
+        "definitions": TARGETS,
+    }
+    return out
+
+
+def readme_table(h: dict) -> str:
+    """The README's one performance table, from headline.json's content."""
+    def pct(x: float) -> str:
+        return f"{100 * x:+.0f} %"
+
+    step = np.median(h["verl_step_s"]) if h["verl_step_s"] else float("nan")
+    lines = [TABLE_START,
+             f"Quick setting ({h['workload']}, R={h['R']}), {len(h['runs'])} fresh launches × {h['rounds_per_run']} "
+             f"paired rounds on commit `{h['git_commit'][:7]}`; verl's own step took {step:.2f} s (median of the runs' "
+             "medians). Cut = 1 − T_mode / T_verl on the same round; CI: BCa bootstrap of the median, rounds "
+             "resampled within their launch.", "",
+             "| mode | median cut vs verl's step | 95 % CI | per launch | fraction of the ideal cut |",
+             "|---|---|---|---|---|"]
+    for mode, m in h["modes"].items():
+        lo, hi = m["reduction_vs_verl_ci"]
+        frac = "–" if m["fraction_of_ideal"] is None else f"{m['fraction_of_ideal']:.2f}"
+        lines.append(f"| `{mode}` | **{pct(m['median_reduction_vs_verl'])}** | [{pct(lo)}, {pct(hi)}] | "
+                     f"{', '.join(pct(x) for x in m['per_run_median'])} | {frac} |")
+    t = h["targets"]
+    lines += ["", f"Targets: `cgp_fgd` {TARGETS['cgp_fgd']}: **{'met' if t['cgp_fgd'] else 'not met'}**; `sync` "
+              f"{TARGETS['sync']}: **{'met' if t['sync'] else 'not met'}**.", TABLE_END]
+    return "\n".join(lines)
+
+
+def write_readme_table(h: dict, readme: Path = README) -> None:
+    text = readme.read_text()
+    if TABLE_START not in text or TABLE_END not in text:
+        raise SystemExit(f"rolloutpipe headline: {readme} has no headline table markers ({TABLE_START!r} ... "
+                         f"{TABLE_END!r}): put them where the table goes")
+    head, rest = text.split(TABLE_START, 1)
+    readme.write_text(head + readme_table(h) + rest.split(TABLE_END, 1)[1])
+
+
+def run(allow_dirty: bool, overrides: list[str], runs: int, rounds: int, out_dir: Path) -> dict:
+    commit = git_commit()  # at launch: the runs below measure this tree
+    if commit.endswith("-dirty") and not allow_dirty:
+        raise SystemExit(f"rolloutpipe headline: the tree differs from {commit[:-6]} (git status): commit first, so "
+                         "the result is of a commit, or pass --allow-dirty for a trial run")
+    from tqdm import tqdm
+
+    results = []
+    for i in tqdm(range(runs), desc="headline launches", unit="launch"):
+        run_dir = out_dir / f"run{i + 1}"
+        subprocess.run([sys.executable, "-m", "recipe.rolloutpipe.bench", "--quick",
+                        f"rolloutpipe.bench.rounds={rounds}", f"rolloutpipe.bench.out_dir={run_dir}", *overrides],
+                       cwd=ROOT, check=True)
+        results.append(json.loads((run_dir / "bench.json").read_text()))
+    return summarize(results, commit, rounds)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m recipe.rolloutpipe.bench.headline",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--readme", action="store_true", help="only regenerate the README table from headline.json")
+    args = ap.parse_args(argv)
+    if args.readme:
+        write_readme_table(json.loads(HEADLINE_JSON.read_text()))
+        print(f"[rolloutpipe headline] README table regenerated from {HEADLINE_JSON}")
+
+
+if __name__ == "__main__":
+    main()
