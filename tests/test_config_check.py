@@ -47,6 +47,7 @@ def test_default_config_is_valid():
     (["algorithm.adv_estimator=gae"], "use grpo"),
     (["rolloutpipe.stall_timeout_s=0"], "rolloutpipe.stall_timeout_s=0"),
     (["rolloutpipe.ray_start_timeout_s=-1"], "rolloutpipe.ray_start_timeout_s=-1: use a positive number"),
+    (["reward.reward_model.enable=true"], "reward.reward_model.enable=true: the RolloutPipe trainer scores"),
     (["rolloutpipe.max_logprob_gap_p90=0"], "rolloutpipe.max_logprob_gap_p90=0: use a positive log-prob difference"),
     (["rolloutpipe.max_logprob_gap_p90=high"], "rolloutpipe.max_logprob_gap_p90='high': use a positive"),
     (["rolloutpipe.train_unit=round"], "rolloutpipe.train_unit='round': use step (one update per optimizer step), "

@@ -125,6 +125,10 @@ def validate(cfg: DictConfig) -> PipeSettings:
     if cfg.algorithm.adv_estimator != "grpo":
         errors.append(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}: the RolloutPipe trainer computes "
                       "group-relative advantages per complete group; use grpo")
+    if _get(cfg, "reward.reward_model.enable", False):
+        errors.append("reward.reward_model.enable=true: the RolloutPipe trainer scores each group as it completes "
+                      "with verl's reward loop (a rule or reward.custom_reward_function), not yet with verl's "
+                      "reward-model worker: set it false, or run verl's own trainer (rolloutpipe.trainer=stock)")
     filt = _get(cfg, "algorithm.filter_groups", None)
     filter_metric, extra = None, 0
     if filt is not None and filt.get("enable", False):
