@@ -84,7 +84,7 @@ def _run_and_check(tmp_path: Path, train_unit: str, *overrides: str,
         assert set(pool_calls) == {trained_in}, pool_calls
     if train_unit in ("step", "steps"):  # verl's update over whole steps, the serial steps' shapes: identical numbers
         assert v["calls_per_step"] == [1, 1, 1, 1]
-        assert v["max_abs_weight_diff"] == 0.0 and v["max_abs_grad_diff"] == 0.0  # DESIGN.md §2.3: aim for 0
+        assert v["max_abs_weight_diff"] == 0.0 and v["max_abs_grad_diff"] == 0.0  # architecture.md §2.3: aim for 0
         assert v["grad_norms_pipelined"] == v["grad_norms_serial"]
         return v, log
     # groups: each step accumulated over calls of other shapes than the serial micro-batches, so the numbers

@@ -28,7 +28,7 @@ def run_main(tmp_path: Path, *overrides: str) -> str:
 
 def admitted_beyond_frontier(groups: list[dict], width: int) -> list[int]:
     """Groups admitted while ``width`` lower-order groups were not yet serving-complete, i.e. from outside the
-    frontier (DESIGN.md §1). Completion is stamped before the admission it triggers."""
+    frontier (architecture.md §1). Completion is stamped before the admission it triggers."""
     return [g["order"] for g in groups
             if sum(h["order"] < g["order"] and h["times"]["serving_complete"] > g["times"]["admitted"]
                    for h in groups) >= width]

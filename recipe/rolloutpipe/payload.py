@@ -1,4 +1,4 @@
-"""What the driver sends the trainer pool per worker call (issue 14, item 3: "payload per call measured").
+"""What the driver sends the trainer pool per worker call (measured per call: fewer bytes per round is a target).
 
 ``metered(trainer, into)`` puts a ``PayloadMeter`` in front of the trainer's actor worker group for a stretch of code:
 each call of a data method (π_old, the update and its streaming variants, reference log-probs where the actor computes

@@ -1,4 +1,4 @@
-"""A round's metrics, assembled in one place: the pipeline timeline's (DESIGN.md §4), verl's own data and actor
+"""A round's metrics, assembled in one place: the pipeline timeline's (architecture.md §4), verl's own data and actor
 metrics over the rows trained, and the recipe's health counters (docs/metrics.md); plus the round's console line."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``python -m recipe.rolloutpipe.verify_onpolicy --json OUT``: prove on the real stack that a pipelined round
-trains exactly what a serial round trains (DESIGN.md §2), and that the proof would catch an off-policy round.
+trains exactly what a serial round trains (architecture.md §2), and that the proof would catch an off-policy round.
 
 One round of the embedded default runs pipelined (``cgp_fgd``, U < R, ``old_log_prob: snapshot``, seeded sampling),
 recording the gradients of every optimizer step. Then the serial reference runs as verl's serial trainer would,

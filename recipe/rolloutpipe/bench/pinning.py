@@ -1,4 +1,5 @@
-"""Emulated disaggregation on one CPU box (DESIGN.md §5): the rollout pool on some cores, the trainer pool on others.
+"""Emulated disaggregation on one CPU box (architecture.md §5): the rollout pool on some cores, the trainer pool on
+others.
 
 Processes are found by the titles Ray and vLLM give them and pinned thread by thread (``sched_setaffinity`` on
 every task of the process: threads created later inherit it). Compute thread counts are set through the

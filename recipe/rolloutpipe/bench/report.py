@@ -103,7 +103,7 @@ def _paired(rounds: list[dict], base: list[dict], key: str = "rollout_to_train_e
 
 def overlap_efficiency_vs_stock(mode_round: dict, stock_round: dict, sync_round: dict | None,
                                 step_share: float) -> float:
-    """DESIGN.md §4 with T_rollout, T_train and the serial estimate from verl's own (``stock``) run of the same
+    """architecture.md §4 with T_rollout, T_train and the serial estimate from verl's own (``stock``) run of the same
     round: a mode that stretches its own rollout cannot look efficient. The first group's earliest arrival is the
     ``sync`` run's of the same round (an engine undisturbed by training, FCFS), else the mode's own;
     ``step_share`` = U / R (the last optimizer step's share of the trainer's work)."""
@@ -133,7 +133,7 @@ def summarize(raw: dict) -> dict[str, Any]:
         fd = [r["metrics"][PREFIX + "first_dispatch_s"] for r in rounds]
         rec["first_dispatch_spread_s"] = (max(fd) - min(fd)) if fd else float("nan")
         # the least waiting this round's own rollout and training allow: the trainer is busy t_train of at least
-        # ideal_s = max(T_rollout + t_last_step, t_first_ready + T_train) (DESIGN.md §4)
+        # ideal_s = max(T_rollout + t_last_step, t_first_ready + T_train) (architecture.md §4)
         floor = [1 - m[PREFIX + "trainer_busy_s"] / m[PREFIX + "ideal_s"] for m in (r["metrics"] for r in rounds)
                  if m.get(PREFIX + "ideal_s", 0) > 0]
         rec["trainer_wait_floor"] = _median(floor)
@@ -174,7 +174,7 @@ def summarize(raw: dict) -> dict[str, Any]:
                 rec["overlap_efficiency"] = _median([
                     overlap_efficiency_vs_stock(x, stock_rounds[x["round"]], sync_rounds.get(x["round"]), share)
                     for x in rounds if x["round"] in stock_rounds])
-                # issue 14's per-round targets: the rollout and the trainer's compute against verl's on the same round
+                # per-round targets: the rollout and the trainer's compute against verl's on the same round
                 rec["rollout_vs_stock"], rec["rollout_vs_stock_ci"], _ = _paired(rounds, stock, "rollout_s", "ratio")
                 rec["worker_compute_vs_stock"], rec["worker_compute_vs_stock_ci"], _ = _paired(
                     rounds, stock, "worker_compute_s", "ratio")
@@ -247,8 +247,8 @@ def markdown(summary: dict[str, Any]) -> str:
     paired = [r for r in summary["records"] if "rollout_vs_stock" in r]
     if paired:
         lines += ["", "Per round against verl's (`stock`) and `cgp`'s run of the same round (median ratio or "
-                  "difference, 95 % CI): the rollout and the trainer pool's compute against verl's (issue 14's "
-                  "targets: within 10 %), and for FGD its rollout against FCFS's (within 5 %) and its first trainable "
+                  "difference, 95 % CI): the rollout and the trainer pool's compute against verl's (targets: "
+                  "within 10 %), and for FGD its rollout against FCFS's (within 5 %) and its first trainable "
                   "group's arrival against FCFS's (earlier: below 0).", "",
                   "| workload | R | mode | rollout / stock's | trainer compute / stock's | rollout / cgp's | "
                   "first group − cgp's (s) |", "|---" * 7 + "|"]

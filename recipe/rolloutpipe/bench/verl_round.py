@@ -9,8 +9,8 @@ project's code; the only addition is the workload's column telling the bench age
 row is (verl repeats each prompt K times, interleaved), so the prescribed response lengths are the same as in the
 other modes.
 
-Timings use the same clock and the same window as the pipeline's timeline (DESIGN.md §4): rollout-to-train-end from
-the start of generation to the end of the actor update; the publish apart.
+Timings use the same clock and the same window as the pipeline's timeline (architecture.md §4): rollout-to-train-end
+from the start of generation to the end of the actor update; the publish apart.
 """
 
 from __future__ import annotations

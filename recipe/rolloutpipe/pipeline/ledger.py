@@ -18,7 +18,7 @@ from .clock import Clock, MonotonicClock
 
 
 class PipelineInvariantError(RuntimeError):
-    """A transition that would break the on-policy contract (DESIGN.md §2) or lose/duplicate a group."""
+    """A transition that would break the on-policy contract (architecture.md §2) or lose/duplicate a group."""
 
 
 class PipelineStallError(PipelineInvariantError):

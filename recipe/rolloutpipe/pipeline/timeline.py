@@ -1,4 +1,4 @@
-"""RoundTimeline: what happened in one round, on a real or simulated clock, and the metrics of DESIGN.md §4.
+"""RoundTimeline: what happened in one round, on a real or simulated clock, and the metrics of architecture.md §4.
 
 Group times come from the ledger (every transition is stamped there); the trainer's busy intervals and the weight
 publication are recorded here. A timeline round-trips through JSON (``to_dict`` / ``from_dict``), which is what the
@@ -116,7 +116,7 @@ class RoundTimeline:
         return [g["times"][state] for g in self.groups if state in g["times"]]
 
     def metrics(self) -> dict[str, float]:
-        """DESIGN.md §4, seconds relative to the first admission of the round."""
+        """architecture.md §4, seconds relative to the first admission of the round."""
         admits = self._times(GroupState.ADMITTED.value)
         if not admits or not self.intervals:
             return {}

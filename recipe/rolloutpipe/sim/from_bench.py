@@ -1,4 +1,4 @@
-"""The simulator against the real benchmark (issue 6's check): calibrate on a setting's measured sync rounds,
+"""The simulator against the real benchmark (its accuracy check): calibrate on a setting's measured sync rounds,
 predict every mode of that setting, compare with what the bench measured for it.
 
 The bench's response lengths are known exactly (the workload generator is deterministic), so the simulator gets

@@ -1,4 +1,4 @@
-"""The paper's setting (DESIGN.md §6) as simulator inputs: four workload shapes, calibrated to its public facts.
+"""The paper's setting (architecture.md §6) as simulator inputs: four workload shapes, calibrated to its public facts.
 
 Facts used: K=8, U=2, F_w=2, R in {32, 64, 96}; trainer compute per round ≈ 195 / 390 / 590 s (so ≈ 6.1 s per
 group, the same in every mode); serial rollout at R=96 ≈ 510 s on 2 GPUs (Qwen3-1.7B, TP2). Each workload's *shape*
