@@ -70,6 +70,8 @@ class ReceiverWatchedSocket:
             ready, _ = ray.wait([self._receiver], timeout=0)
             if not ready:
                 continue
+            if self._socket.poll(0, zmq.POLLIN):  # its last answer came in after the poll above timed out
+                return
             try:
                 ray.get(ready[0])
                 cause: BaseException | None = None
