@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
 import ray
@@ -67,7 +66,6 @@ def _publish(handle: str, receiver) -> None:
 def test_publication_ends_when_the_engine_side_fails(local_ray, tmp_path, fail):
     handle = f"ipc://{tmp_path}/weights.sock"
     receiver = _receive.remote(handle, fail)
-    t0 = time.monotonic()
     if not fail:  # control: the guard does not get in the way of a publication that works
         _publish(handle, receiver)
         got = ray.get(receiver, timeout=60)
@@ -89,7 +87,6 @@ def test_publication_ends_when_the_engine_side_fails(local_ray, tmp_path, fail):
     assert not sender.is_alive(), "the sender still waits for a receiver that failed"
     [e] = raised
     assert isinstance(e, vllm_compat.WeightPublicationError), repr(e)
-    assert time.monotonic() - t0 < 60
     # the message leads with the receiver's root cause, not the error its cleanup raised while handling it
     assert str(e).startswith("the rollout engine stopped taking the published weights: AttributeError: "
                                    "'WeightsMapper' object has no attribute 'get_unstacked_mapper' (then BufferError")
