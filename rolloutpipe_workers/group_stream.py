@@ -4,7 +4,7 @@ call, each group streamed back as soon as its K responses are in (a Ray streamin
 Why: a call per group (``generate_sequences`` with K rows, as the recipe's rollout stream sent them before) cost
 generation time on the rollout core -- 7 % [3 %, 16 %] slower than verl's one batch call over 10 paired rounds in one
 run (the engine worker and the agent-loop worker burning more CPU for the same tokens), 2 % [−3 %, +10 %] in another
-(``python -m recipe.rolloutpipe.bench.rollout_calls``, docs/results.md). One call per admission has the batch call's
+(``python -m experiments.rollout_calls``, docs/results.md). One call per admission has the batch call's
 shape (−5 % [−19 %, +5 %] against it) and still delivers each group the moment it completes, which CGP needs.
 
 Each group still goes through verl's own ``generate_sequences`` (agent loops, reward loop, post-processing), called

@@ -17,7 +17,7 @@ from recipe.rolloutpipe.bench.agent_loop import parse_lengths
 from recipe.rolloutpipe.bench.pinning import cpu_category, descendants, this_ray_node
 from recipe.rolloutpipe.bench.report import markdown, overlap_efficiency_vs_stock, rollout_vs_r, summarize
 from recipe.rolloutpipe.bench.runner import rotated
-from recipe.rolloutpipe.pipeline.modes import ModeSpec, parse_mode_spec
+from recipe.rolloutpipe.mode_specs import ModeSpec, parse_mode_spec
 from recipe.rolloutpipe.workloads import LengthProfile, describe, round_lengths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -272,7 +272,7 @@ def test_bad_bench_modes_are_named_before_ray_starts(override, named):
 def test_rollout_calls_summary_pairs_rounds_and_measures_the_machine_drift():
     """bench.rollout_calls: a pattern 10 % slower in every round shows x1.1 with a CI of one point, whatever the
     round-to-round drift; a probe that tracks the pool's CPU seconds correlates with it."""
-    from recipe.rolloutpipe.bench.rollout_calls import summarize
+    from experiments.rollout_calls import summarize
 
     drift = [1.0, 1.6, 0.8, 1.3, 1.1]  # the machine's speed, round by round
     def rec(scale: float) -> dict:
@@ -310,16 +310,18 @@ def test_mode_specs():
     (["rolloutpipe.frontier_width=auto"], "cgp_fgd:hold", 16, 2),  # auto starts at U
 ])
 def test_a_bench_mode_gets_the_width_of_its_own_strength_and_r(overrides, mode, num_groups, width):
-    from types import SimpleNamespace
-
     from recipe.rolloutpipe.bench.__main__ import load_config
-    from recipe.rolloutpipe.bench.runner import _pipe_for
+    from recipe.rolloutpipe.bench.runner import round_settings_for
     from recipe.rolloutpipe.config_check import validate
 
     cfg = load_config(False, overrides)
-    pipe = _pipe_for(SimpleNamespace(pipe=validate(cfg), config=cfg), mode, num_groups)
-    assert (pipe.num_groups, pipe.frontier_width) == (num_groups, width)
-    assert pipe.frontier_auto == ("auto" in "".join(overrides))
+    run = validate(cfg)
+    settings = round_settings_for(cfg, mode, num_groups)
+    assert (settings.num_groups, settings.frontier_width) == (num_groups, width)
+    assert settings.frontier_auto == ("auto" in "".join(overrides))
+    # what the spec leaves alone is the run's: the one resolver, not a copy of its fields
+    assert settings.replace(mode=run.mode, num_groups=run.num_groups, fgd_strength=run.fgd_strength,
+                            frontier_width=run.frontier_width) == run
 
 
 @pytest.mark.real_stack(runs=1)
@@ -390,7 +392,7 @@ def test_rollout_time_against_r_is_fitted_per_workload():
 def test_long_prompts_keep_each_problem_and_reach_the_asked_length(tmp_path):
     import pandas as pd
 
-    from recipe.rolloutpipe.bench.long_prompts import write_long_prompts
+    from experiments.long_prompts import write_long_prompts
     from recipe.rolloutpipe.prepare import default_dir, ensure_default
 
     ensure_default()

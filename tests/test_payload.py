@@ -10,7 +10,8 @@ import torch
 from tensordict import TensorDict
 from verl import DataProto
 
-from recipe.rolloutpipe.payload import Payload, metered, payload_bytes
+from recipe.rolloutpipe.actor_group import StreamingActorGroup
+from recipe.rolloutpipe.payload import payload_bytes
 
 
 def test_bytes_of_verl_containers():
@@ -43,25 +44,29 @@ class _WorkerGroup:
         return [None]
 
 
-class _Trainer:
-    def __init__(self) -> None:
-        self.actor_rollout_wg = _WorkerGroup()
-
-
-def test_meter_counts_data_calls_and_restores_the_worker_group():
-    trainer, payload = _Trainer(), Payload()
-    live = trainer.actor_rollout_wg
+def test_actor_group_counts_data_calls_and_answers_routed_methods():
+    """The trainer's one worker-group wrapper (actor_group.py): data calls counted with their bytes, anything else
+    passed through; a routed method answered by another for a block only, also when the block fails."""
+    live = _WorkerGroup()
+    wg = StreamingActorGroup(live)
     batch = TensorDict({"x": torch.ones(3, 2)}, batch_size=[3])
-    with metered(trainer, payload):
-        assert trainer.actor_rollout_wg is not live and trainer.actor_rollout_wg.world_size == 2
-        trainer.actor_rollout_wg.begin_round(snapshot=True)
-        assert trainer.actor_rollout_wg.update_actor_in_round(batch) == "out"
-        trainer.actor_rollout_wg.update_actor_in_round(batch=batch)
-    assert trainer.actor_rollout_wg is live and live.seen == ["begin", "update", "update"]
+    assert wg.world_size == 2 and wg.worker_group is live
+    wg.begin_round(snapshot=True)
+    assert wg.update_actor_in_round(batch) == "out"
+    wg.update_actor_in_round(batch=batch)
+    assert live.seen == ["begin", "update", "update"]
+    payload = wg.take_payload()
     assert (payload.calls, payload.bytes) == (2, 2 * 3 * 2 * 4)
-    try:  # a failure inside (the round then fails with it) leaves the live worker group in place
-        with metered(trainer, payload):
+    assert wg.take_payload().calls == 0  # counted once
+
+    with wg.answering("update_actor", "update_actor_in_round"):  # verl's name, the streaming worker's variant
+        assert wg.update_actor(batch) == "out"
+    with wg.answering("update_actor", lambda b: "mine"):  # a caller's function (it reaches workers through wg)
+        assert wg.update_actor(batch) == "mine"
+    try:
+        with wg.answering("update_actor", "update_actor_in_round"):
             raise RuntimeError
     except RuntimeError:
         pass
-    assert trainer.actor_rollout_wg is live and payload.calls == 2
+    assert not hasattr(wg, "update_actor")  # the route ended with the block
+    assert wg.take_payload().calls == 1  # the routed data call, counted under the method it reached

@@ -20,15 +20,18 @@ from recipe.rolloutpipe.pipeline import (
     PipelineInvariantError,
     PipelineStallError,
     Round,
-    RoundShape,
+    RoundSettings,
     RoundTimeline,
 )
 
 
 def make_round(R: int, K: int = 1, U: int = 1, mode: str = "cgp", version: int = 0, clock: ManualClock | None = None,
-               **shape) -> Round:
-    """Every test drives the one Round the trainer and the simulator drive (its parts: .ledger .fifo .timeline)."""
-    return Round(version, RoundShape(R, K, U, mode=mode, **shape), clock or ManualClock())
+               frontier_width: int | None = None, fgd_strength: str = "hold", train_unit: str = "step",
+               **settings) -> Round:
+    """Every test drives the one Round the trainer and the simulator drive (its parts: .ledger .fifo .timeline);
+    F_w defaults to U here, as ``frontier_width: null`` resolves under hold."""
+    return Round(version, RoundSettings(mode, R, K, U, fgd_strength, frontier_width or U, train_unit, **settings),
+                 clock or ManualClock())
 
 
 def drive_round(data, R: int, K: int, U: int, mode: str, width: int, strength: str, extra: int, filter_p: float,
@@ -392,8 +395,10 @@ def test_trainer_waiting_is_split_by_cause_and_adds_up():
 
 
 def test_timeline_outputs_round_trip(tmp_path):
+    from recipe.rolloutpipe.drawing import write_timeline
+
     tl = scenario_timeline()
-    paths = tl.write(tmp_path, "round0")
+    paths = write_timeline(tl, tmp_path, "round0")
     assert all(p.stat().st_size > 0 for p in paths)
     loaded = RoundTimeline.from_dict(json.loads(paths[0].read_text()))
     assert loaded.metrics() == tl.metrics()

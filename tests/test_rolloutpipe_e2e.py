@@ -103,6 +103,19 @@ def test_streaming_rounds(tmp_path, extra):
             assert beyond  # priority admits everything at once (the engine orders): the check can see a violation
         assert (tmp_path / "tl" / f"round{i:04d}_{mode}.png").stat().st_size > 0
         assert (tmp_path / "tl" / f"round{i:04d}_{mode}.trace.json").stat().st_size > 0
+        # every group trained with the weights it was sampled by (recorded per group, not only enforced)
+        assert {(g["version"], g["trained_version"]) for g in tl["groups"] if g["state"] == "consumed"} == {(i - 1,
+                                                                                                           i - 1)}
+        assert m["rolloutpipe/max_version_lag"] == 0
+    # verl's own metric names, per round, beside rolloutpipe/* (verl's console logger prints "key:value")
+    verl = {k: [float(v) for v in re.findall(rf"{re.escape(k)}:(?:np\.float64\()?([0-9.e+-]+)", log)]
+            for k in ("timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/update_actor",
+                      "timing_s/update_weights", "timing_s/step", "perf/throughput")}
+    assert all(len(v) == 2 for v in verl.values()), verl
+    for r in range(2):  # the round contains its phases; they overlap (CGP), so they need not add up to it
+        step = verl["timing_s/step"][r]
+        assert 0 < verl["timing_s/gen"][r] < step and 0 < verl["timing_s/update_actor"][r] < step, verl
+        assert 0 < verl["timing_s/update_weights"][r] < step and verl["perf/throughput"][r] > 0, verl
     # the run's record (docs/results/main_job.json is one): its curve, commit and wall time, start-up included
     record = json.loads((tmp_path / "tl" / "learning_curve.json").read_text())
     assert len(record["round_rewards"]) == record["rounds"] == 2 and record["mode"] == mode
@@ -124,9 +137,10 @@ KL = ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_lo
     # Step mode: π_old and the reference come in the serial run's call shapes, so the penalised advantages are
     # exact. (Per group they differ by float rounding, ~1e-6, which GRPO amplifies in a group whose K scores are
     # equal: its advantages are then the KL term alone over its tiny spread -- verl's semantics, measured 0.2.)
-    # steps: every whole step ready in one call -- single steps while the trainer keeps up, several in one call
-    # when it fell behind (both seen in one round: 2 calls for 4 steps), each as exact as the serial run
-    ("steps", [*KL, "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "algorithm.use_kl_in_reward=true",
+    # step is the default train unit (one call per optimizer step); steps shares its call path (whole steps through
+    # one verl update) and sync's multi-step call (tests/test_resume.py), with the FIFO's ready-steps release
+    # property-tested (tests/test_pipeline_core.py)
+    ("step", [*KL, "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "algorithm.use_kl_in_reward=true",
               "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.kl_coef=0.5"]),
     ("groups", [*KL, "actor_rollout_ref.actor.kl_loss_type=kl"]),
 ])

@@ -9,7 +9,7 @@ import pytest
 
 from recipe.rolloutpipe.sim.__main__ import calibrate_from_run, main
 from recipe.rolloutpipe.sim.paper import ENGINE, TRAINER, calibrated, paper_matrix
-from recipe.rolloutpipe.sim.simulator import RoundSpec, TrainerModel, Workload, simulate_round
+from recipe.rolloutpipe.sim.simulator import TrainerModel, Workload, paper_round, simulate_round
 
 W = Workload("t", mean_tokens=800, sigma_between=0.6, sigma_within=0.4, p_cap=0.05, cap=4096)
 
@@ -17,7 +17,7 @@ W = Workload("t", mean_tokens=800, sigma_between=0.6, sigma_within=0.4, p_cap=0.
 @pytest.mark.parametrize("mode,strength", [("sync", "hold"), ("cgp", "hold"), ("cgp_fgd", "hold"),
                                            ("cgp_fgd", "priority"), ("cgp_fgd_adaptive", "hold")])
 def test_round_consumes_every_group_and_trains_the_same(mode, strength):
-    tl = simulate_round(RoundSpec(24, mode=mode, fgd_strength=strength, filter_p=0.2, max_extra_groups=6), W)
+    tl = simulate_round(paper_round(24, mode=mode, fgd_strength=strength, max_extra_groups=6), W, filter_p=0.2)
     m = tl.metrics()
     assert tl.ledger.published and m["rolloutpipe/groups_trained"] == tl.ledger.num_trainable
     steps = {s for iv in tl.intervals for s in iv.step_indices}
@@ -28,9 +28,9 @@ def test_round_consumes_every_group_and_trains_the_same(mode, strength):
 def test_ready_steps_take_a_backlog_in_fewer_calls_and_the_same_steps():
     """train_unit=steps in the simulator: a trainer slower than the arrivals catches up in fewer calls, each paying
     the per-call cost once, over the same optimizer steps and groups as one call per step."""
-    slow = TrainerModel(per_group_s=20.0, call_overhead_s=2.0, whole_step=True)
-    spec = RoundSpec(24, mode="cgp")
-    per_step, ready = (simulate_round(spec, W, trainer=t) for t in (slow, replace(slow, ready_steps=True)))
+    slow = TrainerModel(per_group_s=20.0, call_overhead_s=2.0)
+    per_step, ready = (simulate_round(paper_round(24, mode="cgp", train_unit=unit), W, trainer=slow)
+                       for unit in ("step", "steps"))
     assert per_step.trainer_calls() == 12 and ready.trainer_calls() < 12
     assert ready.ledger.materialization_order == per_step.ledger.materialization_order
     steps = [{g.order: g.step_index for g in tl.ledger.groups} for tl in (ready, per_step)]
@@ -42,7 +42,8 @@ def test_ready_steps_take_a_backlog_in_fewer_calls_and_the_same_steps():
 
 def test_pipelining_never_loses_to_sync_and_fgd_dispatches_first_group_earlier():
     w = calibrated("OlyPhys")
-    ends = {m: simulate_round(RoundSpec(96, mode=m), w, ENGINE, TRAINER).metrics() for m in ("sync", "cgp", "cgp_fgd")}
+    ends = {m: simulate_round(paper_round(96, mode=m), w, ENGINE, TRAINER).metrics()
+            for m in ("sync", "cgp", "cgp_fgd")}
     key = "rolloutpipe/rollout_to_train_end_s"
     assert ends["cgp_fgd"][key] <= ends["cgp"][key] <= ends["sync"][key]
     assert ends["cgp_fgd"]["rolloutpipe/first_dispatch_s"] < ends["cgp"]["rolloutpipe/first_dispatch_s"]
@@ -61,12 +62,12 @@ def test_from_run_recovers_a_known_engine(tmp_path):
     w = calibrated("Sci-JL")
     slow = replace(ENGINE, step_base_s=ENGINE.step_base_s * 3, step_per_seq_s=ENGINE.step_per_seq_s * 3,
                    prefill_per_token_s=ENGINE.prefill_per_token_s * 3)
-    truth = {m: simulate_round(RoundSpec(64, mode=m), w, slow, TRAINER) for m in ("sync", "cgp", "cgp_fgd")}
+    truth = {m: simulate_round(paper_round(64, mode=m), w, slow, TRAINER) for m in ("sync", "cgp", "cgp_fgd")}
     path = tmp_path / "run.json"
     path.write_text(json.dumps(truth["cgp_fgd"].to_dict()))
-    eng, tr = calibrate_from_run(truth["cgp_fgd"], w, "cgp_fgd", RoundSpec(64))
+    eng, tr = calibrate_from_run(truth["cgp_fgd"], w, "cgp_fgd", paper_round(64))
     for m, tl in truth.items():
-        pred = simulate_round(RoundSpec(64, mode=m), w, eng, tr).metrics()["rolloutpipe/rollout_to_train_end_s"]
+        pred = simulate_round(paper_round(64, mode=m), w, eng, tr).metrics()["rolloutpipe/rollout_to_train_end_s"]
         real = tl.metrics()["rolloutpipe/rollout_to_train_end_s"]
         assert abs(pred - real) / real < 0.15, (m, pred, real)
     assert main(["--from-run", str(path), "--workload", "Sci-JL", "--json", str(tmp_path / "p.json")]) == 0
@@ -75,7 +76,7 @@ def test_from_run_recovers_a_known_engine(tmp_path):
 
 def test_from_run_replays_the_round_shape_the_run_recorded(tmp_path):
     """K and U come from the timeline's settings (what the trainer was configured with), not from defaults."""
-    tl = simulate_round(RoundSpec(24, group_size=4, step_groups=6, mode="cgp"), calibrated("Sci-JL"), ENGINE, TRAINER)
+    tl = simulate_round(paper_round(24, group_size=4, step_groups=6, mode="cgp"), calibrated("Sci-JL"), ENGINE, TRAINER)
     data = tl.to_dict()
     assert data["settings"]["K"] == 4 and data["settings"]["U"] == 6
     (tmp_path / "run.json").write_text(json.dumps(data))
@@ -100,23 +101,33 @@ def test_simulator_predicts_the_real_benchmark_out_of_sample():
 
     raw = json.loads((Path(__file__).resolve().parents[1] / "docs/results/bench_raw.json").read_text())
     settings = {(r["workload"], r["R"]) for r in raw["results"]}
-    predicted = [r for r in validate_against_bench(raw, calibrate_mode="stock", contention_mode=None)
-                 if r["mode"] in ("sync", "cgp")]
+    predicted = validate_against_bench(raw, calibrate_mode="stock", contention_mode=None, modes={"sync", "cgp"})
     assert len(predicted) == 2 * len(settings) >= 2
     assert all(abs(r["error"]) <= 0.20 for r in predicted), predicted
-    reproduced = [r for r in validate_against_bench(raw) if r["mode"] == "sync"]
+    reproduced = validate_against_bench(raw, modes={"sync"})
     assert len(reproduced) == len(settings) and all(abs(r["error"]) <= 0.01 for r in reproduced), reproduced
 
 
 def test_bench_mode_specs_become_the_simulators_round_shape():
-    """The bench's width words map to what the trainer ran: engine = ceil(2 * max_num_seqs / K) in [U, R]; auto = the
-    width the round recorded."""
+    """The simulator replays what a bench mode ran: its recorded RoundSettings where the record has them, else the
+    trainer's resolver on the bench's config values -- engine = ceil(2 * max_num_seqs / K) in [U, R]; a bare spec
+    under the config's paced strength gets paced's engine width (not hold's U); auto = the width the round recorded."""
+    from recipe.rolloutpipe.pipeline import RoundSettings
     from recipe.rolloutpipe.sim.from_bench import _spec
 
-    settings = {"K": 8, "U": 2, "F_w": 2, "max_num_seqs": 32}
+    settings = {"K": 8, "U": 2, "F_w": 2, "max_num_seqs": 32, "fgd_strength": "hold", "train_unit": "step"}
     assert _spec("cgp_fgd:hold/engine", 24, settings).frontier_width == 8
     assert _spec("cgp_fgd:hold/engine", 4, settings).frontier_width == 4  # capped at R
     assert (_spec("cgp_fgd:paced", 24, settings).frontier_width, _spec("cgp_fgd:paced/3", 24, settings).frontier_width
             ) == (8, 3)  # paced: the engine's width unless the spec names one
-    assert _spec("cgp_fgd:hold/auto", 24, settings, {"rolloutpipe/frontier_width": 13}).frontier_width == 13
-    assert (_spec("stock", 24, settings).mode, _spec("cgp_fgd", 24, settings).frontier_width) == ("sync", 2)
+    auto = _spec("cgp_fgd:hold/auto", 24, settings, {"metrics": {"rolloutpipe/frontier_width": 13}})
+    assert auto.frontier_width == 13
+    stock, bare = _spec("stock", 24, settings), _spec("cgp_fgd", 24, settings)
+    assert (stock.mode, stock.train_unit, bare.frontier_width, bare.fgd_strength) == ("sync", "step", 2, "hold")
+    paced = _spec("cgp_fgd+groups", 24, {**settings, "fgd_strength": "paced", "F_w": None})
+    assert (paced.fgd_strength, paced.frontier_width, paced.train_unit) == ("paced", 8, "groups")
+    ran = paced.replace(frontier_width=5)  # a record's own settings win over anything resolved
+    assert _spec("cgp_fgd", 24, settings, {"round_settings": ran.record()}) == ran
+    assert RoundSettings.from_record(ran.record()) == ran
+    with pytest.raises(ValueError, match="without \\['fgd_strength', 'train_unit'\\]"):
+        _spec("cgp_fgd", 24, {"K": 8, "U": 2, "F_w": 2, "max_num_seqs": 32})

@@ -1,18 +1,16 @@
 """What the driver sends the trainer pool per worker call (measured per call: fewer bytes per round is a target).
 
-``metered(trainer, into)`` puts a ``PayloadMeter`` in front of the trainer's actor worker group for a stretch of code:
-each call of a data method (π_old, the update and its streaming variants, reference log-probs where the actor computes
-them; a separate reference worker group is not metered) is counted with the bytes of its arguments -- the tensors'
-elements and the arrays' items that Ray serializes to move them. The pipelined modes meter their training dispatches,
-the bench's ``stock`` mode verl's own two calls, so both report the same figure. Counting reads the tensors' sizes
-(no copy) and pickles only the non-tensor columns and meta info.
+The trainer's actor worker group (``actor_group.StreamingActorGroup``) counts each call of a data method (π_old, the
+update and its streaming variants, reference log-probs where the actor computes them; a separate reference worker
+group is not metered) with the bytes of its arguments -- the tensors' elements and the arrays' items that Ray
+serializes to move them. The pipelined modes report their round's calls, the bench's ``stock`` mode verl's own two,
+so both report the same figure. Counting reads the tensors' sizes (no copy) and pickles only the non-tensor columns
+and meta info.
 """
 
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,38 +56,3 @@ class Payload:
     def add(self, other: Payload) -> None:
         self.calls += other.calls
         self.bytes += other.bytes
-
-
-class PayloadMeter:
-    """The worker group, with its data calls (``DATA_METHODS``) counted in ``payload``; everything else passes
-    through unchanged."""
-
-    def __init__(self, wg: Any) -> None:
-        self._wg = wg
-        self.payload = Payload()
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._wg, name)
-        if not (callable(attr) and name.startswith(DATA_METHODS)):
-            return attr
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            self.payload.calls += 1
-            self.payload.bytes += sum(payload_bytes(a) for a in (*args, *kwargs.values()))
-            return attr(*args, **kwargs)
-
-        return counted
-
-
-@contextmanager
-def metered(trainer: Any, into: Payload) -> Iterator[None]:
-    """Inside: ``trainer.actor_rollout_wg`` is a ``PayloadMeter`` of the live worker group, whose count is added to
-    ``into`` on the way out (also when the block fails)."""
-    live = trainer.actor_rollout_wg
-    meter = PayloadMeter(live)
-    trainer.actor_rollout_wg = meter
-    try:
-        yield
-    finally:
-        trainer.actor_rollout_wg = live
-        into.add(meter.payload)

@@ -1,9 +1,10 @@
 """A run's config before anything starts: the platform overlay, the layout's verl keys, the user's own keys (they
 always win), and ``rolloutpipe.dry_run``.
 
-Precedence, lowest first: verl's ``ppo_trainer`` < config/rolloutpipe.yaml < config/platform/<cpu|gpu>.yaml < what
-``rolloutpipe.layout`` sets (only on keys the user did not give) < the user's ``key=value`` overrides. A user choice
-that cannot work with the layout or platform is an error naming the key and the fix, before Ray starts.
+Precedence, lowest first: verl's ``ppo_trainer`` < config/rolloutpipe.yaml < config/platform/<cpu|gpu>.yaml <
+config/layout/<rolloutpipe.layout>.yaml (only on keys the user did not give) < the user's ``key=value`` overrides.
+A user choice that cannot work with the layout or platform is an error naming the key and the fix, before Ray starts
+(``config_check.check_layout``).
 """
 
 from __future__ import annotations
@@ -11,51 +12,29 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-PLATFORMS = ("cpu", "gpu")
-CKPT = "actor_rollout_ref.rollout.checkpoint_engine"
+from .config_check import CKPT, check_layout, user_set
 
-# What ``rolloutpipe.layout=disaggregated`` sets (verl keys), per platform: no hybrid engine, standalone vLLM
-# replicas on their own pool, weights published by a checkpoint engine after each round.
-DISAGGREGATED: dict[str, dict[str, object]] = {
-    # CPU: one replica per logical "device" (rolloutpipe.rollout_replicas), weights through the Ray object store
-    # (rolloutpipe_workers/cpu_checkpoint_engine.py); replicas start from random weights: the first publish makes
-    # them real (so a broken publish cannot hide)
-    "cpu": {
-        "actor_rollout_ref.hybrid_engine": False,
-        "actor_rollout_ref.rollout.nnodes": 1,
-        "actor_rollout_ref.rollout.n_gpus_per_node": 1,
-        f"{CKPT}.backend": "rolloutpipe_ray",
-        f"{CKPT}.custom_backend_module": "rolloutpipe_workers.cpu_checkpoint_engine",
-        f"{CKPT}.update_weights_bucket_megabytes": 64,
-        "actor_rollout_ref.rollout.load_format": "dummy",
-        # LoRA: publish the merged weights. verl's checkpoint-engine path sends only the base weights of an unmerged
-        # adapter, so the replicas would never see it (docs/lora.md); harmless without LoRA
-        "actor_rollout_ref.model.lora.merge": True,
-    },
-    # GPU: the rollout pool's size is the user's (actor_rollout_ref.rollout.n_gpus_per_node / nnodes, required);
-    # vLLM owns its GPUs (no trainer beside it), weights through verl's nccl checkpoint engine
-    "gpu": {
-        "actor_rollout_ref.hybrid_engine": False,
-        "actor_rollout_ref.rollout.nnodes": 1,
-        "actor_rollout_ref.rollout.gpu_memory_utilization": 0.85,
-        "actor_rollout_ref.rollout.free_cache_engine": False,  # nothing else on the rollout GPUs to make room for
-        f"{CKPT}.backend": "nccl",
-        "actor_rollout_ref.rollout.load_format": "dummy",
-        "actor_rollout_ref.model.lora.merge": True,  # as on CPU: the checkpoint engine sends no unmerged adapter
-    },
-}
+LAYOUT_DIR = Path(__file__).resolve().parent / "config" / "layout"
 
 
-def _publish_backend_problem(platform: str, backend: str) -> str | None:
-    """Why a user's checkpoint engine cannot publish weights to standalone vLLM replicas here (None: it can)."""
-    if platform == "cpu" and backend != "rolloutpipe_ray":
-        return "verl's engines other than naive need accelerators (NCCL, NIXL, ...), and naive works only colocated"
-    if backend == "naive":
-        return "naive hands weights over in-process, which works only colocated (rolloutpipe.layout=hybrid)"
-    return None
+def layout_values(layout: str, platform: str) -> dict[str, object]:
+    """What ``rolloutpipe.layout=<layout>`` sets on ``platform`` (config/layout/<layout>.yaml), as dotted verl keys."""
+    block = OmegaConf.load(LAYOUT_DIR / f"{layout}.yaml")[platform]
+    flat: dict[str, object] = {}
+
+    def walk(node, prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, DictConfig):
+                walk(value, f"{prefix}{key}.")
+            else:
+                flat[f"{prefix}{key}"] = value
+
+    walk(block, "")
+    return flat
 
 
 def detect_platform() -> str:
@@ -80,53 +59,22 @@ def user_keys(overrides: Iterable[str]) -> frozenset[str]:
     return frozenset(k for k in keys if k != "platform" and not k.startswith("hydra"))
 
 
-def _user_set(key: str, user: frozenset[str]) -> bool:
-    """The user gave this key or a block above it (``a.b={...}`` sets ``a.b.c``)."""
-    parts = key.split(".")
-    return any(".".join(parts[:i]) in user for i in range(1, len(parts) + 1))
-
-
 def apply_layout(config: DictConfig, user: frozenset[str] = frozenset()) -> None:
-    """Set the layout's verl keys where the user left them; raise SystemExit on a user choice the layout cannot
-    honour."""
-    layout = config.rolloutpipe.layout
-    if layout not in ("hybrid", "disaggregated"):
-        raise SystemExit(f"rolloutpipe: rolloutpipe.layout={layout!r}: use hybrid or disaggregated")
-    platform = config.rolloutpipe.get("platform", "cpu")
-    if platform not in PLATFORMS:
-        raise SystemExit(f"rolloutpipe: rolloutpipe.platform={platform!r}: choose the overlay with platform=cpu or "
-                         "platform=gpu (config/platform/), not the key")
-    if layout != "disaggregated":
-        return
-    errors = []
-    if _user_set("actor_rollout_ref.hybrid_engine", user) and config.actor_rollout_ref.hybrid_engine:
-        errors.append("actor_rollout_ref.hybrid_engine=true colocates vLLM with the trainer, which "
-                      "rolloutpipe.layout=disaggregated does not: drop the key or use rolloutpipe.layout=hybrid")
-    backend = OmegaConf.select(config, f"{CKPT}.backend")
-    problem = _publish_backend_problem(platform, backend) if _user_set(f"{CKPT}.backend", user) else None
-    if problem:
-        errors.append(f"{CKPT}.backend={backend} cannot publish weights to standalone vLLM replicas on "
-                      f"platform={platform} ({problem}): drop the key (the recipe uses "
-                      f"{DISAGGREGATED[platform][f'{CKPT}.backend']}) or use rolloutpipe.layout=hybrid")
-    replicas = config.rolloutpipe.get("rollout_replicas", 1)
-    if platform == "gpu" and not _user_set("actor_rollout_ref.rollout.n_gpus_per_node", user):
-        errors.append("rolloutpipe.layout=disaggregated on GPUs: set actor_rollout_ref.rollout.n_gpus_per_node (and "
-                      "rollout.nnodes) to the rollout pool's GPUs, apart from trainer.n_gpus_per_node")
-    elif platform == "cpu" and isinstance(replicas, int) and replicas > 1:  # validate() reports a bad value
-        given = config.actor_rollout_ref.rollout.n_gpus_per_node
-        if _user_set("actor_rollout_ref.rollout.n_gpus_per_node", user) and given != replicas:
-            errors.append(f"actor_rollout_ref.rollout.n_gpus_per_node={given} and rolloutpipe.rollout_replicas="
-                          f"{replicas} disagree (on CPU each replica is one logical device): drop one of them")
+    """Set the layout's verl keys (config/layout/) where the user left them; raise SystemExit, before Ray starts, on
+    a user choice the layout cannot honour (``config_check.check_layout``)."""
+    errors = check_layout(config, user)
     if errors:
         raise SystemExit("rolloutpipe: invalid config:\n  - " + "\n  - ".join(errors))
-    values = dict(DISAGGREGATED[platform])
-    if platform == "cpu" and isinstance(replicas, int) and replicas > 1:
-        values["actor_rollout_ref.rollout.n_gpus_per_node"] = replicas
-    if backend == "rolloutpipe_ray":  # the recipe's own engine (the CPU table names its module already)
-        values[f"{CKPT}.custom_backend_module"] = "rolloutpipe_workers.cpu_checkpoint_engine"
+    rp = config.rolloutpipe
+    values = layout_values(rp.layout, rp.platform)
+    replicas = rp.rollout_replicas  # a bad value is validate()'s to report
+    if rp.layout == "disaggregated" and rp.platform == "cpu" and isinstance(replicas, int) and replicas > 1:
+        values["actor_rollout_ref.rollout.n_gpus_per_node"] = rp.rollout_replicas  # one logical device each
+    if rp.layout == "disaggregated" and OmegaConf.select(config, f"{CKPT}.backend") == "rolloutpipe_ray":
+        values[f"{CKPT}.custom_backend_module"] = "rolloutpipe_workers.cpu_checkpoint_engine"  # the recipe's engine
     with open_dict(config):
         for key, value in values.items():
-            if not _user_set(key, user):
+            if not user_set(key, user):
                 OmegaConf.update(config, key, value, merge=False)
 
 

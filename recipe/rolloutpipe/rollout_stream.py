@@ -5,7 +5,7 @@ verl's ``AgentLoopManager.generate_sequences`` returns a whole batch at once. Th
 (``rolloutpipe_workers/group_stream.py``) add ``generate_groups``: several groups in one call, streamed back group by
 group (a Ray streaming generator), each with its K responses and their rewards (verl's reward loop runs in the agent
 loop). One call per admission, not per group: per-group calls cost 2–7 % of generation time in two measured runs
-(``bench/rollout_calls.py``). Workers without ``generate_groups`` (another manager class) get one
+(``experiments/rollout_calls.py``). Workers without ``generate_groups`` (another manager class) get one
 ``generate_sequences`` call per group. Which groups to send, and with which priority, is decided by the pipeline's
 admission policy; the priority reaches vLLM through the batch's ``priority`` column (honoured under
 ``scheduling_policy=priority``). A group whose call fails because an actor behind it died (a rollout replica) is set

@@ -59,7 +59,7 @@ def round_metrics(timeline: RoundTimeline, trained: list[DataProto], step_output
     return metrics
 
 
-def round_line(step: int, pipe: Any, metrics: dict[str, Any], timeline_path: Path) -> str:  # pipe: PipeSettings
+def round_line(step: int, pipe: Any, metrics: dict[str, Any], timeline_path: Path) -> str:  # pipe: RoundSettings
     """The one console line per round (README shows one)."""
     m = {k.removeprefix(PREFIX): v for k, v in metrics.items() if k.startswith(PREFIX)}
     return (

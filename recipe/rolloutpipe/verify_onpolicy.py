@@ -51,12 +51,13 @@ import numpy as np
 import ray
 from verl import DataProto
 from verl.trainer.ppo.core_algos import FixedKLController
-from verl.trainer.ppo.ray_trainer import apply_kl_penalty, compute_advantage
+from verl.trainer.ppo.ray_trainer import apply_kl_penalty
 
 from .logs import get_logger
 from .provenance import git_commit, machine
 from .rollout_stream import GroupRequest, GroupRolloutStream
-from .trainer import dp_step_order, request_seed
+from .streamed_round import group_rows, request_seed
+from .train_calls import TrainCalls, dp_step_order, grpo_advantages
 
 R, U = 16, 4
 logger = get_logger("recipe.rolloutpipe.verify_onpolicy")
@@ -93,7 +94,7 @@ def _regenerate_serially(trainer, batch: DataProto, uids: list[str]) -> dict[int
     if base is None:
         raise SystemExit("rolloutpipe verify_onpolicy: set rolloutpipe.sampling_seed (an int): the serial reference "
                          "regenerates the round and must draw the same samples")
-    k = trainer.pipe.group_size
+    k = trainer.settings.group_size
     gen = trainer._get_gen_batch(batch)
     gen.meta_info["temperature"] = batch.meta_info["temperature"] = trainer.config.actor_rollout_ref.rollout.temperature
     stream = GroupRolloutStream(trainer.async_rollout_manager.agent_loop_workers, k)
@@ -104,7 +105,7 @@ def _regenerate_serially(trainer, batch: DataProto, uids: list[str]) -> dict[int
         outs.update(stream.poll(timeout_s=0.1))
         if stream.lost:
             raise next(iter(stream.lost.values()))
-    return {gid: trainer.group_rows(batch[gid : gid + 1], out) for gid, out in outs.items()}
+    return {gid: group_rows(batch[gid : gid + 1], out, k) for gid, out in outs.items()}
 
 
 def _score_batchwise(trainer, rows: DataProto) -> DataProto:
@@ -119,10 +120,7 @@ def _score_batchwise(trainer, rows: DataProto) -> DataProto:
     scores = scorer(rows)
     rows.batch["token_level_scores"] = scores
     rows.batch["token_level_rewards"] = scores
-    algo = trainer.config.algorithm
-    return compute_advantage(rows, adv_estimator=algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
-                             num_repeat=trainer.pipe.group_size,
-                             norm_adv_by_std_in_grpo=algo.get("norm_adv_by_std_in_grpo", True), config=algo)
+    return grpo_advantages(trainer.config.algorithm, rows, trainer.settings.group_size)
 
 
 @contextmanager
@@ -133,41 +131,48 @@ def _publishing_after_first_step(trainer) -> Iterator[None]:
     So that the bug always has groups to act on -- on a machine where generation outruns training every request
     may have been sampled before step 1 ends, and the bug then changes nothing (seen in CI on two Ray nodes) --
     only the first U admitted groups go to vLLM before that publish; the rest are sent right after it."""
-    train_step, train_groups, send = trainer._train_step, trainer._train_groups, trainer._fit_send
     published, held, sent = threading.Event(), [], [0]
+    start_round = trainer._fit_start_round
 
     def publish_once(step_index: int) -> None:
         if step_index == 0 and not published.is_set():
             trainer.checkpoint_manager.update_weights(trainer.global_steps)
             published.set()
 
-    def step_then_publish(rows, step_index):
-        out = train_step(rows, step_index)
-        publish_once(step_index)
-        return out
+    def with_the_bug(*args, **kwargs):  # the round as the trainer starts it, its three calls wrapped
+        run = start_round(*args, **kwargs)
+        train_step, train_groups, send = run.calls.train_step, run.calls.train_groups, run.send
 
-    def groups_then_publish(rows, d):
-        out = train_groups(rows, d)
-        if d.ends_step:
-            publish_once(d.step_index)
-        return out
+        def step_then_publish(rows, step_index):
+            out = train_step(rows, step_index)
+            publish_once(step_index)
+            return out
 
-    def send_after_publish(run, admissions):  # called by the rollout thread on every poll, admissions or not
-        if not published.is_set():
-            free = max(0, run.pipe.step_groups - sent[0])
-            now, admissions = admissions[:free], admissions[free:]
-            sent[0] += len(now)
-            held.extend(admissions)
-            return send(run, now)
-        admissions, held[:] = [*held, *admissions], []
-        return send(run, admissions)
+        def groups_then_publish(rows, d):
+            out = train_groups(rows, d)
+            if d.ends_step:
+                publish_once(d.step_index)
+            return out
 
-    trainer._train_step, trainer._train_groups, trainer._fit_send = (step_then_publish, groups_then_publish,
-                                                                     send_after_publish)
+        def send_after_publish(admissions):  # called by the rollout thread on every poll, admissions or not
+            if not published.is_set():
+                free = max(0, run.settings.step_groups - sent[0])
+                now, admissions = admissions[:free], admissions[free:]
+                sent[0] += len(now)
+                held.extend(admissions)
+                return send(now)
+            admissions, held[:] = [*held, *admissions], []
+            return send(admissions)
+
+        run.calls.train_step, run.calls.train_groups, run.send = step_then_publish, groups_then_publish, \
+            send_after_publish
+        return run
+
+    trainer._fit_start_round = with_the_bug
     try:
         yield
     finally:
-        del trainer._train_step, trainer._train_groups, trainer._fit_send  # the class's methods again
+        del trainer._fit_start_round  # the class's hook again
 
 
 def verify_in_trainer(trainer) -> dict:  # a RolloutPipeTrainer, workers started
@@ -201,7 +206,7 @@ def verify_in_trainer(trainer) -> dict:  # a RolloutPipeTrainer, workers started
     out = trainer.config.rolloutpipe.verify_out
     if out:
         Path(out).write_text(json.dumps(result, indent=1))
-    n = R * trainer.pipe.group_size
+    n = R * trainer.settings.group_size
     nc = result["negative_control"]
     g = lambda x: "n/a" if x is None else f"{x:.3g}"  # None: not comparable where responses differ
     logger.info(f"[rolloutpipe] verify_onpolicy: pipelined vs serial round: {result['responses_differing']} of {n} "
@@ -242,15 +247,15 @@ def _counting_calls(wg) -> Iterator[Counter]:
     try:
         yield calls
     finally:
-        for name, call in saved.items():
-            setattr(wg, name, call)
+        for name in saved:  # the worker group's own lookup again (metering, routing: actor_group.py)
+            delattr(wg, name)
 
 
 def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: dict,
                  stale_publish: bool = False) -> dict:
     """One pipelined round from the round's start state (with the off-policy bug injected if ``stale_publish``),
     then the serial reference from the same state; what differs."""
-    wg, k = trainer.actor_rollout_wg, trainer.pipe.group_size
+    wg, k = trainer.actor_rollout_wg, trainer.settings.group_size
     wg.load_train_state("round_start")
     trainer.checkpoint_manager.update_weights(0)
     wg.record_step_grads(True)
@@ -293,13 +298,13 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
         serial = serial.union(trainer._compute_ref_log_prob(serial))
     if reward_kl is not None:  # verl's order: π_old, reference, the penalty on the whole batch, then advantages
         serial, _ = apply_kl_penalty(serial, FixedKLController(reward_kl_beta), trainer.config.algorithm.kl_penalty)
-        serial = trainer._advantages(serial)
+        serial = grpo_advantages(trainer.config.algorithm, serial, k)
         advantage_diff = _masked_max_abs(pipe_ordered.batch["advantages"], serial.batch["advantages"], mask) \
             if differing == 0 else None
     trainer._update_actor(serial)
     serial_grads = wg.pop_step_grads()[0]
     serial_weights = wg.get_weights()[0]
-    replay = _replay_one_group_per_call(trainer, rows) if trainer.pipe.train_unit == "groups" else None
+    replay = _replay_one_group_per_call(trainer, rows) if trainer.settings.train_unit == "groups" else None
     wg.record_step_grads(False)
 
     assert len(pipe_grads) == len(serial_grads) == R // U, (len(pipe_grads), len(serial_grads))
@@ -342,7 +347,7 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
             sum(bool(g.abs().sum() > 0) for g in step.split(k))
             for step in rows.batch["advantages"].split(rows_per_step)],
         "R": R, "U": U, "K": k, "optimizer_steps": len(pipe_grads),
-        "train_unit": trainer.pipe.train_unit, "calls_per_step": calls,
+        "train_unit": trainer.settings.train_unit, "calls_per_step": calls,
         "trainer_pool_calls": dict(pool_calls),  # the pipelined round's training-side worker calls, by method
     }
     if replay is not None:
@@ -358,15 +363,17 @@ def _replay_one_group_per_call(trainer, rows: DataProto) -> tuple[dict, list[dic
     and every step's gradients (before clipping)."""
     from .pipeline import Dispatch
 
-    wg, k = trainer.actor_rollout_wg, trainer.pipe.group_size
+    wg, k = trainer.actor_rollout_wg, trainer.settings.group_size
     wg.load_train_state("round_start")
     wg.begin_round(snapshot=True)
+    # the rows carry the round's rewards and advantages (a KL penalty in the reward already applied): replayed as is
+    calls = TrainCalls(trainer, k, timing={}, reward_kl=None)
     for g in range(len(rows) // k):
         group = rows.slice(g * k, (g + 1) * k)
         for key in ("old_log_probs", "ref_log_prob"):  # computed again by the replay, in its own call shapes
             if key in group.batch.keys():
                 group.batch.pop(key)
-        trainer._train_groups(group, Dispatch((g,), g // U, ends_step=g % U == U - 1, version=0))
+        calls.train_groups(group, Dispatch((g,), g // U, ends_step=g % U == U - 1, version=0))
     wg.end_round()
     return wg.get_weights()[0], wg.pop_step_grads()[0]
 

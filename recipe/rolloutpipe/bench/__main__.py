@@ -21,7 +21,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 from ..main import CONFIG_DIR, prepare_runtime
-from ..pipeline.modes import ORCHESTRATION_PLACES, STOCK, TRAIN_UNITS, TRAINER_MODES, parse_mode_spec
+from ..mode_specs import ORCHESTRATION_PLACES, parse_mode_spec
+from ..pipeline.modes import STOCK, TRAINER_MODES, TrainUnit
 from ..provenance import git_commit, machine
 from ..resolve import apply_layout
 from .pinning import pool_env
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
             return False
         if s.mode == STOCK:  # verl's own step: no strength, width or train unit of the recipe's
             return (s.fgd_strength, s.frontier_width, s.train_unit) == (None, None, None)
-        return s.mode in TRAINER_MODES and s.train_unit in (None, *TRAIN_UNITS)
+        return s.mode in TRAINER_MODES and s.train_unit in (None, *TrainUnit)
 
     bad = [m for m in bench.modes if not known(m)]
     if bad:
@@ -106,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     raw = ray.get(BenchTaskRunner.options(num_cpus=1).remote().run.remote(cfg))
     raw["settings"] = {
         "K": int(cfg.actor_rollout_ref.rollout.n), "U": int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size),
-        "F_w": cfg.rolloutpipe.frontier_width, "max_response_length": int(cfg.data.max_response_length),
+        "F_w": cfg.rolloutpipe.frontier_width, "fgd_strength": cfg.rolloutpipe.fgd_strength,
+        "train_unit": cfg.rolloutpipe.train_unit, "max_response_length": int(cfg.data.max_response_length),
         "max_num_seqs": int(cfg.actor_rollout_ref.rollout.max_num_seqs), "modes": list(bench.modes),
         "rollout_cpus": list(bench.rollout_cpus), "trainer_cpus": list(bench.trainer_cpus),
         "orchestration": bench.get("orchestration"), "warmup_rounds": int(bench.warmup_rounds),

@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from ..pipeline import PREFIX, RoundTimeline, plot_gantt
+from ..drawing import plot_gantt
+from ..pipeline import PREFIX, RoundTimeline
 from ..pipeline.modes import STOCK
 from .pinning import CPU_CATEGORIES
 

@@ -9,7 +9,6 @@ so the ratios are paired per round and come from one run on one machine state.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
@@ -17,10 +16,11 @@ import numpy as np
 import ray
 from tqdm import tqdm
 
+from ..config_check import round_settings
 from ..logs import get_logger
-from ..pipeline import PREFIX
-from ..pipeline.frontier import mode_width_setting, resolve_frontier_width
-from ..pipeline.modes import AUTO_WIDTH, STOCK, parse_mode_spec
+from ..mode_specs import parse_mode_spec
+from ..pipeline import PREFIX, RoundSettings
+from ..pipeline.modes import STOCK
 from ..workloads import LengthProfile, describe, round_lengths
 from .agent_loop import AGENT_NAME, LENGTHS_COLUMN
 from .verl_round import verl_round
@@ -76,23 +76,12 @@ def rotated(modes: list[str], round_index: int) -> list[str]:
     return [*modes[i:], *modes[:i]]
 
 
-def _pipe_for(trainer, mode: str, num_groups: int):
-    """The round's pipeline settings for a bench mode spec at R = ``num_groups``. The width comes from the spec, else
-    from the config's setting (not config_check's resolution of it, which is for the config's strength and R) unless
-    the spec's strength is paced, which takes its own; resolved for this mode's strength and this R."""
-    spec = parse_mode_spec(mode)
-    strength = spec.fgd_strength or trainer.pipe.fgd_strength
-    setting = mode_width_setting(spec.frontier_width, strength, trainer.config.rolloutpipe.frontier_width)
-    auto = setting == AUTO_WIDTH
-    if auto:
-        width = trainer.pipe.step_groups
-    else:
-        width = resolve_frontier_width(setting, strength, trainer.pipe.step_groups, num_groups,
-                                       trainer.pipe.group_size,
-                                       int(trainer.config.actor_rollout_ref.rollout.max_num_seqs))
-    return dataclasses.replace(trainer.pipe, mode=spec.mode, num_groups=num_groups, fgd_strength=strength,
-                               frontier_width=width, frontier_auto=auto,
-                               train_unit=spec.train_unit or trainer.pipe.train_unit)
+def round_settings_for(config, mode: str, num_groups: int) -> RoundSettings:
+    """A bench mode spec's round settings at R = ``num_groups``: the run's config with the spec's values in its
+    place, through the one resolver the trainer uses (``config_check.round_settings``)."""
+    rp = config.rolloutpipe
+    return round_settings(config, num_groups=num_groups,
+                          **parse_mode_spec(mode).config_values(rp.fgd_strength, rp.frontier_width))
 
 
 def _mode_dir(mode: str) -> str:
@@ -121,13 +110,15 @@ def run_round(trainer, profile: LengthProfile, num_groups: int, mode: str, round
     if parse_mode_spec(mode).mode == STOCK:
         out = verl_round(trainer, batch)
         trained, metrics, timeline = [out["rows"]], out["metrics"], None
-        extra = {"verl_timing_s": out["verl_timing_s"]}
+        extra = {"verl_timing_s": out["verl_timing_s"], "round_settings": None}
     else:
         trainer.timeline_dir = out_dir / "timelines" / f"{profile.name}_R{num_groups}" / _mode_dir(mode)
-        result = trainer.fit_round(batch, pipe=_pipe_for(trainer, mode, num_groups), draw_png=draw_png)
+        result = trainer.fit_round(batch, settings=round_settings_for(trainer.config, mode, num_groups),
+                                   draw_png=draw_png)
         trained, metrics, timeline = result.trained, dict(result.metrics), str(result.timeline_path)
         metrics[PREFIX + "old_log_prob_s"] = metrics.get("timing_s/rolloutpipe/old_log_prob", 0.0)
-        extra = {"calls_per_step": result.calls_per_step}
+        # what the round ran with, whole (the simulator's --from-bench replays it; auto: this round's measured F_w)
+        extra = {"calls_per_step": result.calls_per_step, "round_settings": result.timeline.settings}
     cpu1 = cpu_seconds(this_run())
     # the trainer pool's calls: compute inside the worker vs the rest of each call (Ray, serialisation, dispatch)
     by_rank = trainer.actor_rollout_wg.pop_compute_seconds()

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from ..payload import Payload, metered
 from ..pipeline import PREFIX
 from ..rollout_stream import SAMPLE_COLUMN
 
@@ -62,14 +61,13 @@ def verl_round(trainer, batch) -> dict[str, Any]:
     t["generated"] = time.monotonic()
     rows = Verl._fit_compute_reward(trainer, rows)
     t["rewarded"] = time.monotonic()
-    payload = Payload()  # verl's calls to the trainer pool and their bytes, as the pipelined modes count theirs
-    with metered(trainer, payload):
-        rows = Verl._fit_compute_log_prob(trainer, rows)
+    trainer.actor_rollout_wg.take_payload()  # from here: verl's calls to the trainer pool and their bytes, counted
+    rows = Verl._fit_compute_log_prob(trainer, rows)  # as the pipelined modes count theirs
     t["old_log_prob"] = time.monotonic()
     rows = Verl._fit_compute_advantage(trainer, rows)
     t["advantages"] = time.monotonic()
-    with metered(trainer, payload):
-        rows = Verl._fit_update_actor(trainer, rows)
+    rows = Verl._fit_update_actor(trainer, rows)
+    payload = trainer.actor_rollout_wg.take_payload()
     t["trained"] = time.monotonic()
     Verl._fit_update_weights(trainer)
     t["published"] = time.monotonic()

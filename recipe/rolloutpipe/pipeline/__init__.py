@@ -1,6 +1,7 @@
 """RolloutPipe's pipeline policy: pure Python, shared by the real trainer and the simulator.
 
-Imports nothing from verl, vllm, ray or torch (a test checks it); matplotlib is loaded only to draw a Gantt chart.
+Imports nothing from verl, vllm, ray, torch or matplotlib (a test checks it); drawing a timeline is
+``recipe.rolloutpipe.drawing``'s job.
 """
 
 from .clock import Clock, ManualClock, MonotonicClock
@@ -24,15 +25,14 @@ from .ledger import (
     PipelineStallError,
     RoundAbortedError,
 )
-from .modes import TRAIN_UNITS, TRAINER_MODES, WHOLE_STEP_UNITS, FgdStrength, Mode
-from .round import Round, RoundShape
-from .timeline import PREFIX, RoundTimeline, TrainerInterval, plot_gantt
+from .modes import TRAINER_MODES, FgdStrength, Mode, TrainUnit
+from .round import Round
+from .settings import RoundSettings, resolve_round_settings
+from .timeline import PREFIX, RoundTimeline, TrainerInterval
 
 __all__ = [
     "PREFIX",
     "TRAINER_MODES",
-    "TRAIN_UNITS",
-    "WHOLE_STEP_UNITS",
     "AdaptiveFrontierAdmission",
     "Admission",
     "AdmissionPolicy",
@@ -54,13 +54,14 @@ __all__ = [
     "PipelineStallError",
     "Round",
     "RoundAbortedError",
-    "RoundShape",
+    "RoundSettings",
+    "TrainUnit",
     "RoundTimeline",
     "TrainerInterval",
     "dispatch_mode_of",
     "trains_after_first_step",
     "engine_frontier_width",
     "make_admission",
-    "plot_gantt",
     "resolve_frontier_width",
+    "resolve_round_settings",
 ]

@@ -57,7 +57,7 @@ class FifoAdmission:
 class FrontierAdmission:
     """Frontier-group dispatch with a fixed frontier width ``F_w``."""
 
-    def __init__(self, width: int, strength: str = FgdStrength.HOLD) -> None:
+    def __init__(self, width: int, strength: str) -> None:
         if width < 1:
             raise ValueError(f"frontier width must be >= 1, got {width}")
         if strength not in tuple(FgdStrength):
@@ -174,15 +174,8 @@ def resolve_frontier_width(setting: int | str | None, strength: str, step_groups
     return setting
 
 
-def mode_width_setting(spec_width: str | int | None, strength: str, config_setting: str | int | None
-                       ) -> str | int | None:
-    """The width setting a bench mode spec (``cgp_fgd:hold/4``) runs with: the spec's, else the config's unless the
-    strength is paced, which takes its own (a config width sized for hold would narrow paced's engine width)."""
-    return spec_width or (None if strength == FgdStrength.PACED else config_setting)
-
-
 def make_admission(
-    mode: str, frontier_width: int, strength: str = FgdStrength.HOLD, target_running: int | None = None
+    mode: str, frontier_width: int, strength: str, target_running: int | None = None
 ) -> AdmissionPolicy:
     """The admission policy of a RolloutPipe mode (``sync``, ``cgp``, ``cgp_fgd``, ``cgp_fgd_adaptive``)."""
     if mode in (Mode.SYNC, Mode.CGP):

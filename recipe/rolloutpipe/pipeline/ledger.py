@@ -66,6 +66,7 @@ class GroupRecord:
     finished_requests: int = 0
     resends: int = 0  # times its requests were lost with a rollout replica and sent again
     step_index: int | None = None
+    trained_version: int | None = None  # the trainer's weight version when it consumed the group (= version)
     times: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -196,6 +197,7 @@ class GroupLedger:
                     f"trainer is at v{trainer_version}"
                 )
             self._move(gid, GroupState.CONSUMED)
+            rec.trained_version = trainer_version
 
     def mark_published(self) -> None:
         """Weights v+1 may leave the trainer only when nothing of round v is still to be trained."""

@@ -4,12 +4,12 @@ A driver (the real trainer, the simulator, a test) feeds it the few things that 
 to do next; the Round keeps the four parts consistent under one lock of its own, so a rollout thread and a trainer
 thread may call it concurrently::
 
-    rnd = Round(version, RoundShape(R, K, U, mode="cgp_fgd"), clock)
+    rnd = Round(version, settings, clock)   # settings: a RoundSettings (mode, R, K, U, F_w, strength, unit)
     send(rnd.admit())                       # which groups may enter the engine now (call after any event)
     rnd.served(g)                           # all K responses of group g are in (or request_finished per response)
     rnd.materialized(g)                     # rewarded + advantages: g enters the FIFO
     rnd.filtered(g)                         # dropped by dynamic sampling (its replacement waits for admit())
-    d = rnd.next_dispatch(whole_step=True)  # trainer: the next groups to train (blocks; None when drained)
+    d = rnd.next_dispatch()                 # trainer: the next groups to train (blocks; None when drained)
     rnd.trained(d, start, end, trainer_version=v)
     rnd.check_publishable()                 # every group consumed or filtered, or it raises
     rnd.published(start, end)               # weights v+1 went out
@@ -20,51 +20,26 @@ Admissions come only from ``admit()``, so the driver decides which thread talks 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import Any
 
 from .clock import Clock, MonotonicClock
 from .fifo import CompleteGroupFIFO, Dispatch, dispatch_mode_of
 from .frontier import Admission, make_admission
 from .ledger import GroupLedger
-from .modes import FgdStrength, Mode
+from .settings import RoundSettings
 from .timeline import RoundTimeline
 
 
-@dataclass(frozen=True)
-class RoundShape:
-    """What a round is configured with."""
-
-    num_groups: int  # R
-    group_size: int  # K
-    step_groups: int  # U: groups per optimizer step
-    mode: str = Mode.CGP_FGD
-    frontier_width: int | None = None  # F_w; None = U
-    fgd_strength: str = FgdStrength.HOLD
-    max_buffered_groups: int | None = None  # bound on groups between admission and consumption (back-pressure)
-    max_extra_groups: int = 0  # replacements for filtered groups (dynamic sampling)
-    target_running: int | None = None  # cgp_fgd_adaptive: the engine's running slots to keep full
-
-    @property
-    def width(self) -> int:
-        return self.frontier_width or self.step_groups
-
-    def settings(self) -> dict[str, Any]:
-        """What the round's timeline records (and ``sim --from-run`` replays)."""
-        return {"R": self.num_groups, "K": self.group_size, "U": self.step_groups, "F_w": self.width,
-                "mode": str(self.mode), "fgd_strength": str(self.fgd_strength)}
-
-
 class Round:
-    def __init__(self, version: int, shape: RoundShape, clock: Clock | None = None) -> None:
+    def __init__(self, version: int, settings: RoundSettings, clock: Clock | None = None) -> None:
         self.version = version
-        self.shape = shape
-        self.ledger = GroupLedger(version, shape.num_groups, shape.group_size, max_extra_groups=shape.max_extra_groups,
-                                  clock=clock or MonotonicClock(), max_buffered_groups=shape.max_buffered_groups)
-        self.fifo = CompleteGroupFIFO(self.ledger, dispatch_mode_of(shape.mode), shape.step_groups)
-        self.admission = make_admission(shape.mode, shape.width, shape.fgd_strength,  # type: ignore[arg-type]
-                                        target_running=shape.target_running)
-        self.timeline = RoundTimeline(self.ledger, settings=shape.settings())
+        self.settings = settings
+        self.ledger = GroupLedger(version, settings.num_groups, settings.group_size,
+                                  max_extra_groups=settings.max_extra_groups, clock=clock or MonotonicClock(),
+                                  max_buffered_groups=settings.max_buffered_groups)
+        self.fifo = CompleteGroupFIFO(self.ledger, dispatch_mode_of(settings.mode), settings.step_groups)
+        self.admission = make_admission(settings.mode, settings.frontier_width, settings.fgd_strength,
+                                        target_running=settings.target_running)
+        self.timeline = RoundTimeline(self.ledger, settings=settings.record())
         self._cond = threading.Condition(threading.RLock())
         self._failure: BaseException | None = None
 
@@ -124,17 +99,24 @@ class Round:
             return self.ledger.rollout_closed
 
     # ---- trainer side ------------------------------------------------------------------------------------------
-    def take(self, whole_step: bool = True, max_groups: int | None = None,
-             ready_steps: bool = False) -> Dispatch | None:
-        """The next groups for the trainer if some may go now (never blocks; ``max_groups`` caps the call;
-        ``ready_steps``: every whole step ready in one call, ``CompleteGroupFIFO.take``)."""
+    def take(self, whole_step: bool | None = None, max_groups: int | None = None,
+             ready_steps: bool | None = None) -> Dispatch | None:
+        """The next groups for the trainer if some may go now (never blocks; ``max_groups`` caps the call).
+        ``whole_step`` / ``ready_steps`` (``CompleteGroupFIFO.take``) default to what the train unit says."""
+        whole_step, ready_steps = self._unit(whole_step, ready_steps)
         with self._cond:
             return self.fifo.take(max_groups=max_groups, whole_step=whole_step, ready_steps=ready_steps)
 
-    def next_dispatch(self, whole_step: bool = True, stall_timeout_s: float | None = None,
-                      poll_s: float = 0.5, ready_steps: bool = False) -> Dispatch | None:
+    def _unit(self, whole_step: bool | None, ready_steps: bool | None) -> tuple[bool, bool]:
+        unit = self.settings.train_unit
+        return (unit.whole_step if whole_step is None else whole_step,
+                unit.ready_steps if ready_steps is None else ready_steps)
+
+    def next_dispatch(self, stall_timeout_s: float | None = None, poll_s: float = 0.5, *,
+                      whole_step: bool | None = None, ready_steps: bool | None = None) -> Dispatch | None:
         """Block until the trainer has groups to train; None when every trainable group has been dispatched.
         Raises the rollout side's failure, or a stall error naming the outstanding groups."""
+        whole_step, ready_steps = self._unit(whole_step, ready_steps)
         with self._cond:
             while True:
                 if self._failure is not None:

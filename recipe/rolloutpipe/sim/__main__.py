@@ -13,11 +13,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ..pipeline import RoundTimeline
+from ..pipeline import RoundSettings, RoundTimeline
 from ..pipeline.modes import STOCK
 from .calibrate import fit_engine_scale
 from .paper import ENGINE, PAPER_MODES, TRAINER, WORKLOAD_SHAPES, calibrated, paper_matrix
-from .simulator import EngineModel, RoundSpec, TrainerModel, Workload, simulate_round
+from .simulator import EngineModel, TrainerModel, Workload, paper_round, simulate_round
 
 MODES_ALL = (("sync", "priority"), ("cgp", "priority"), ("cgp_fgd", "priority"), ("cgp_fgd", "hold"),
              ("cgp_fgd_adaptive", "hold"))
@@ -40,7 +40,7 @@ def print_paper_table(records: list[dict]) -> None:
               f"{1 - c[e] / s[e]:8.1%} {1 - f[e] / s[e]:8.1%}")
 
 
-def _end(spec: RoundSpec, w: Workload, engine: EngineModel = ENGINE, trainer: TrainerModel = TRAINER) -> float:
+def _end(spec: RoundSettings, w: Workload, engine: EngineModel = ENGINE, trainer: TrainerModel = TRAINER) -> float:
     return simulate_round(spec, w, engine, trainer).metrics()["rolloutpipe/rollout_to_train_end_s"]
 
 
@@ -78,28 +78,29 @@ def what_if(out_dir: Path, workload: str = "OlyPhys") -> dict:
         eng = replace(ENGINE, step_base_s=ENGINE.step_base_s * 2 / r, step_per_seq_s=ENGINE.step_per_seq_s * 2 / r,
                       max_running=ENGINE.max_running * r // 2, kv_tokens=ENGINE.kv_tokens * r // 2)
         tr = replace(TRAINER, per_group_s=TRAINER.per_group_s * 8 / (10 - r))
-        return RoundSpec(96, mode=m, fgd_strength=s), w, eng, tr
+        return paper_round(96, mode=m, fgd_strength=s), w, eng, tr
 
     sweep("gpu_split", [1, 2, 3, 4, 5], split, "rollout GPUs (of 10; the rest train)")
-    sweep("round_size", [16, 32, 64, 96, 128], lambda r, m, s: (RoundSpec(r, mode=m, fgd_strength=s), w),
+    sweep("round_size", [16, 32, 64, 96, 128], lambda r, m, s: (paper_round(r, mode=m, fgd_strength=s), w),
           "R (groups per round)")
     sweep("frontier_width", [1, 2, 4, 8, 16, 32],
-          lambda f, m, s: (RoundSpec(96, mode=m, fgd_strength=s, frontier_width=f), w), "F_w (groups)")
+          lambda f, m, s: (paper_round(96, mode=m, fgd_strength=s, frontier_width=f), w), "F_w (groups)")
     sweep("length_tail", [0.0, 0.02, 0.05, 0.1, 0.2],
-          lambda p, m, s: (RoundSpec(96, mode=m, fgd_strength=s), replace(w, p_cap=p)),
+          lambda p, m, s: (paper_round(96, mode=m, fgd_strength=s), replace(w, p_cap=p)),
           "share of responses at the length cap")
     (out_dir / "whatif.json").write_text(json.dumps(res, indent=1))
     return res
 
 
-def calibrate_from_run(timeline: RoundTimeline, workload: Workload, mode: str, spec: RoundSpec) -> tuple:
+def calibrate_from_run(timeline: RoundTimeline, workload: Workload, mode: str, spec: RoundSettings,
+                       seed: int = 0) -> tuple:
     """Fit the trainer (compute per group, from the busy intervals) and the engine's speed (one time scale, by
     bisection, so the simulated rollout of the measured mode lasts as long as the measured one)."""
     m = timeline.metrics()
     groups = sum(len(iv.group_ids) for iv in timeline.intervals)
     trainer = replace(TRAINER, per_group_s=m["rolloutpipe/trainer_busy_s"] / max(groups, 1), step_overhead_s=0.0,
                       publish_s=m.get("rolloutpipe/publish_s", 0.0))
-    eng = fit_engine_scale(replace(spec, mode=mode), workload, ENGINE, trainer, m["rolloutpipe/rollout_s"])
+    eng = fit_engine_scale(spec.replace(mode=mode), workload, ENGINE, trainer, m["rolloutpipe/rollout_s"], seed)
     return eng, trainer
 
 
@@ -155,13 +156,13 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"rolloutpipe sim: {args.from_run} has no 'settings' with K and U (a timeline written "
                              "before they were recorded): rerun the round to get a current timeline")
         n = sum(1 for g in tl.groups if g["state"] != "filtered")
-        spec = RoundSpec(n, group_size=int(tl.settings["K"]), step_groups=int(tl.settings["U"]), seed=args.seed)
+        spec = paper_round(n, group_size=int(tl.settings["K"]), step_groups=int(tl.settings["U"]))
         w = calibrated(args.workload)
         measured_mode = args.mode or tl.settings.get("mode", "cgp_fgd")
-        eng, tr = calibrate_from_run(tl, w, measured_mode, spec)
+        eng, tr = calibrate_from_run(tl, w, measured_mode, spec, args.seed)
         preds = []
         for mode, strength in MODES_ALL:
-            pm = simulate_round(replace(spec, mode=mode, fgd_strength=strength), w, eng, tr).metrics()
+            pm = simulate_round(spec.replace(mode=mode, fgd_strength=strength), w, eng, tr, seed=args.seed).metrics()
             preds.append({"mode": mode, "fgd_strength": strength, "K": spec.group_size, "U": spec.step_groups,
                           **{k.split("/")[1]: round(v, 3) for k, v in pm.items()}})
             print(f"{mode:17} {strength:8} rollout_to_train_end_s={pm['rolloutpipe/rollout_to_train_end_s']:.2f} "

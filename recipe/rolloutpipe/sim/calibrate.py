@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from .simulator import EngineModel, RoundSpec, TrainerModel, simulate_round
+from ..pipeline import RoundSettings
+from .simulator import EngineModel, TrainerModel, simulate_round
 
 
 def bisect_increasing(f: Callable[[float], float], target: float, lo: float, hi: float, *,
@@ -23,10 +24,11 @@ def scaled_engine(base: EngineModel, scale: float) -> EngineModel:
                    prefill_per_token_s=base.prefill_per_token_s * scale)
 
 
-def fit_engine_scale(spec: RoundSpec, workload, base: EngineModel, trainer: TrainerModel,
-                     rollout_s: float) -> EngineModel:
+def fit_engine_scale(spec: RoundSettings, workload, base: EngineModel, trainer: TrainerModel,
+                     rollout_s: float, seed: int = 0) -> EngineModel:
     """``base`` scaled so that the simulated round's rollout lasts ``rollout_s`` (the measured one)."""
     scale = bisect_increasing(
-        lambda s: simulate_round(spec, workload, scaled_engine(base, s), trainer).metrics()["rolloutpipe/rollout_s"],
+        lambda s: simulate_round(spec, workload, scaled_engine(base, s), trainer,
+                                 seed=seed).metrics()["rolloutpipe/rollout_s"],
         rollout_s, 1e-4, 1e4, geometric=True)
     return scaled_engine(base, scale)

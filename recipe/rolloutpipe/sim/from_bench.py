@@ -18,11 +18,12 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..pipeline.frontier import mode_width_setting, resolve_frontier_width
-from ..pipeline.modes import AUTO_WIDTH, STOCK, parse_mode_spec
+from ..mode_specs import parse_mode_spec
+from ..pipeline import RoundSettings, resolve_round_settings
+from ..pipeline.modes import AUTO_WIDTH, STOCK, TrainUnit
 from ..workloads import LengthProfile, round_lengths
 from .calibrate import bisect_increasing, fit_engine_scale
-from .simulator import EngineModel, RoundSpec, TrainerModel, simulate_round
+from .simulator import EngineModel, TrainerModel, simulate_round
 
 # vLLM CPU decode step of the embedded model, shape only (measured on the bench: ~4.7 ms/step at 16 running
 # sequences, ~12 ms at 128); the scale is calibrated per setting
@@ -42,34 +43,42 @@ class FixedLengths:
         return [list(r) for r in self.rows[:num_groups]]
 
 
-def _spec(mode: str, num_groups: int, settings: dict, metrics: dict | None = None) -> RoundSpec:
-    """The simulator's round for a bench mode; an ``auto`` frontier replays the width the round ran with."""
-    m = parse_mode_spec(mode)
-    m = m._replace(mode="sync") if m.mode == STOCK else m  # verl's own step is a serial round
-    strength = m.fgd_strength or "hold"
-    width = mode_width_setting(m.frontier_width, strength, settings["F_w"])
-    if width == AUTO_WIDTH:
-        width = int((metrics or {}).get("rolloutpipe/frontier_width", settings["U"]))
-    else:
-        width = resolve_frontier_width(width, strength, settings["U"], num_groups, settings["K"],
-                                       settings["max_num_seqs"])
-    return RoundSpec(num_groups, group_size=settings["K"], step_groups=settings["U"], mode=m.mode,
-                     frontier_width=width, fgd_strength=strength)
+def _spec(mode: str, num_groups: int, settings: dict, record: dict | None = None) -> RoundSettings:
+    """The round a bench mode ran: the record's own ``round_settings`` where it has them (recorded whole since they
+    exist), else resolved from the bench's settings by the trainer's resolver -- the config's strength, width and
+    train unit with the spec's in their place. verl's own step (``stock``) is a serial round in one call."""
+    if record is not None and record.get("round_settings"):
+        return RoundSettings.from_record(record["round_settings"])
+    missing = [k for k in ("fgd_strength", "train_unit") if k not in settings]
+    if missing:
+        raise ValueError(f"bench settings without {missing}: written before the bench recorded them; add the values "
+                         "of the config at its git_commit, or rerun the bench")
+    spec = parse_mode_spec(mode)
+    values = {"train_unit": settings["train_unit"],
+              **spec.config_values(settings["fgd_strength"], settings["F_w"])}
+    if spec.mode == STOCK:
+        values.update(mode="sync", train_unit=TrainUnit.STEP)
+    if values["frontier_width"] == AUTO_WIDTH:  # replay the width the round ran with
+        values["frontier_width"] = int(((record or {}).get("metrics") or {}).get("rolloutpipe/frontier_width",
+                                                                                settings["U"]))
+    return resolve_round_settings(**values, num_groups=num_groups, group_size=settings["K"],
+                                  step_groups=settings["U"], max_num_seqs=settings["max_num_seqs"],
+                                  max_buffered_groups=None, max_extra_groups=0, filter_metric=None)
 
 
-def calibrate(metrics: dict[str, float], work: FixedLengths, spec: RoundSpec,
+def calibrate(metrics: dict[str, float], work: FixedLengths, spec: RoundSettings,
               max_running: int = 256) -> tuple[EngineModel, TrainerModel]:
     """Engine speed and trainer cost per token from one round's measured rollout and trainer busy time
     (``max_running``: the engine's running slots, the bench's ``max_num_seqs``)."""
     tokens = sum(sum(r) for r in work.rows)
     trainer = TrainerModel(per_group_s=0.0, per_token_s=metrics["rolloutpipe/trainer_busy_s"] / tokens,
-                           step_overhead_s=0.0, whole_step=True, reward_s=0.001,
+                           step_overhead_s=0.0, reward_s=0.001,
                            publish_s=metrics.get("rolloutpipe/publish_s", 0.0))
     shape = replace(STEP_SHAPE, max_running=max_running)
     return fit_engine_scale(spec, work, shape, trainer, metrics["rolloutpipe/rollout_s"]), trainer
 
 
-def fit_contention(metrics: dict[str, float], work: FixedLengths, spec: RoundSpec, eng: EngineModel,
+def fit_contention(metrics: dict[str, float], work: FixedLengths, spec: RoundSettings, eng: EngineModel,
                    trainer: TrainerModel) -> tuple[EngineModel, TrainerModel]:
     """How much slower each side runs while the other is busy, bisected (alternately, 3 passes) on one pipelined
     round's measured rollout time and trainer busy time."""
@@ -88,11 +97,11 @@ def fit_contention(metrics: dict[str, float], work: FixedLengths, spec: RoundSpe
     return eng, trainer
 
 
-def validate_against_bench(raw: dict[str, Any], calibrate_mode: str = "sync",
-                           contention_mode: str | None = "cgp") -> list[dict[str, Any]]:
+def validate_against_bench(raw: dict[str, Any], calibrate_mode: str = "sync", contention_mode: str | None = "cgp",
+                           modes: set[str] | None = None) -> list[dict[str, Any]]:
     """One record per (workload, R, mode): measured vs predicted medians and the relative error. Calibrated on
     ``calibrate_mode`` rounds (trainer, engine speed) and, if given, ``contention_mode`` rounds (the slowdown of
-    the engine while the trainer runs); every other number is a prediction."""
+    the engine while the trainer runs); every other number is a prediction. ``modes``: only these (default all)."""
     settings = raw["settings"]
     cap = settings["max_response_length"]
     by = {(s["workload"], s["R"], s["mode"]): s for s in raw["results"]}
@@ -100,6 +109,8 @@ def validate_against_bench(raw: dict[str, Any], calibrate_mode: str = "sync",
     for (workload, r, mode), s in by.items():
         base = by.get((workload, r, calibrate_mode))
         if base is None or parse_mode_spec(mode).mode == STOCK:  # verl's own step is not a mode the simulator runs
+            continue
+        if modes is not None and mode not in modes:
             continue
         profile = LengthProfile.from_mapping(workload, settings["profiles"][workload])
         measured, predicted = [], []
@@ -111,11 +122,12 @@ def validate_against_bench(raw: dict[str, Any], calibrate_mode: str = "sync",
             i = rnd["round"] - 1
             work = FixedLengths(tuple(map(tuple, round_lengths(profile, settings.get("seed", 0) * 1000 + i, r,
                                                                settings["K"], cap))))
-            eng, tr = calibrate(cal_round["metrics"], work, _spec(calibrate_mode, r, settings),
+            eng, tr = calibrate(cal_round["metrics"], work, _spec(calibrate_mode, r, settings, cal_round),
                                 settings.get("max_num_seqs", 256))
             if cont_round is not None:
-                eng, tr = fit_contention(cont_round["metrics"], work, _spec(contention_mode, r, settings), eng, tr)
-            pm = simulate_round(_spec(mode, r, settings, rnd["metrics"]), work, eng, tr).metrics()
+                eng, tr = fit_contention(cont_round["metrics"], work, _spec(contention_mode, r, settings, cont_round),
+                                         eng, tr)
+            pm = simulate_round(_spec(mode, r, settings, rnd), work, eng, tr).metrics()
             measured.append(rnd["metrics"]["rolloutpipe/rollout_to_train_end_s"])
             predicted.append(pm["rolloutpipe/rollout_to_train_end_s"])
         if not measured:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import cache
 
-from .simulator import EngineModel, RoundSpec, TrainerModel, Workload, simulate_round
+from .simulator import EngineModel, TrainerModel, Workload, paper_round, simulate_round
 
 PAPER_R = (32, 64, 96)
 PAPER_MODES = ("sync", "cgp", "cgp_fgd")
@@ -40,7 +40,7 @@ WORKLOAD_SHAPES = {
 
 
 def serial_rollout_s(w: Workload, num_groups: int = 96, engine: EngineModel = ENGINE, seed: int = 0) -> float:
-    tl = simulate_round(RoundSpec(num_groups, mode="sync", seed=seed), w, engine, TRAINER)
+    tl = simulate_round(paper_round(num_groups, mode="sync"), w, engine, TRAINER, seed=seed)
     return tl.metrics()["rolloutpipe/rollout_s"]
 
 
@@ -65,9 +65,8 @@ def paper_matrix(seed: int = 0, fgd_strength: str = "priority") -> list[dict]:
         w = calibrated(name)
         for r in PAPER_R:
             for mode in PAPER_MODES:
-                spec = RoundSpec(r, group_size=8, step_groups=2, mode=mode, frontier_width=2,
-                                 fgd_strength=fgd_strength, seed=seed)
-                m = simulate_round(spec, w, ENGINE, TRAINER).metrics()
+                spec = paper_round(r, mode=mode, fgd_strength=fgd_strength)
+                m = simulate_round(spec, w, ENGINE, TRAINER, seed=seed).metrics()
                 records.append({
                     "workload": name, "R": r, "mode": mode,
                     "rollout_to_train_end_s": round(m["rolloutpipe/rollout_to_train_end_s"], 2),

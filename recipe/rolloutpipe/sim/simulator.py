@@ -11,7 +11,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from ..pipeline import ManualClock, Round, RoundShape, RoundTimeline
+from ..pipeline import FgdStrength, ManualClock, Mode, Round, RoundSettings, RoundTimeline, TrainUnit
 
 
 @dataclass(frozen=True)
@@ -68,31 +68,21 @@ class EngineModel:
 @dataclass(frozen=True)
 class TrainerModel:
     """Compute per group (or per response token if ``per_token_s`` > 0) plus a fixed cost per optimizer step and
-    per trainer call. ``whole_step``: one call per optimizer step (how the real trainer amortises Ray overhead);
-    ``ready_steps``: with it, one call for every whole step ready (``train_unit=steps``)."""
+    per trainer call. What one call takes is the round's ``train_unit`` (``RoundSettings``)."""
 
     per_group_s: float = 6.0
     per_token_s: float = 0.0
     step_overhead_s: float = 0.1
     call_overhead_s: float = 0.0
-    whole_step: bool = False
-    ready_steps: bool = False
     reward_s: float = 0.05  # reward + advantage, per group, on the rollout side
     publish_s: float = 5.0
     contended_slowdown: float = 0.0  # extra step time when the engine is decoding (see EngineModel)
 
 
-@dataclass(frozen=True)
-class RoundSpec:
-    num_groups: int  # R
-    group_size: int = 8  # K
-    step_groups: int = 2  # U
-    mode: str = "cgp_fgd"  # sync | cgp | cgp_fgd | cgp_fgd_adaptive
-    frontier_width: int = 2  # F_w
-    fgd_strength: str = "priority"
-    filter_p: float = 0.0  # share of groups filtered (zero reward variance)
-    max_extra_groups: int = 0
-    seed: int = 0
+def paper_round(num_groups: int, **changes) -> RoundSettings:
+    """The paper's round at R = ``num_groups`` -- K=8, U=2, FGD with priority and F_w=2, one trainer call per
+    complete group -- with ``changes`` (any ``RoundSettings`` field)."""
+    return RoundSettings(Mode.CGP_FGD, num_groups, 8, 2, FgdStrength.PRIORITY, 2, TrainUnit.GROUPS).replace(**changes)
 
 
 @dataclass(order=True)
@@ -156,17 +146,17 @@ class _Engine:
 
 
 def simulate_round(
-    spec: RoundSpec, workload: Workload, engine: EngineModel = EngineModel(), trainer: TrainerModel = TrainerModel()
+    spec: RoundSettings, workload: Workload, engine: EngineModel = EngineModel(),
+    trainer: TrainerModel = TrainerModel(), *, seed: int = 0, filter_p: float = 0.0
 ) -> RoundTimeline:
-    """One round on a simulated clock; returns its timeline (metrics via ``timeline.metrics()``)."""
-    rng = random.Random(spec.seed)
+    """One round on a simulated clock; returns its timeline (metrics via ``timeline.metrics()``). ``filter_p``: the
+    share of groups dynamic sampling drops (zero reward variance); ``seed``: lengths and filtering."""
+    rng = random.Random(seed)
     clock = ManualClock()
     extra = spec.max_extra_groups
     lengths = workload.lengths(spec.num_groups + extra, spec.group_size, rng)
-    filtered = [rng.random() < spec.filter_p for _ in lengths]
-    rnd = Round(0, RoundShape(spec.num_groups, spec.group_size, spec.step_groups, mode=spec.mode,
-                              frontier_width=spec.frontier_width, fgd_strength=spec.fgd_strength,
-                              max_extra_groups=extra, target_running=engine.max_running), clock)
+    filtered = [rng.random() < filter_p for _ in lengths]
+    rnd = Round(0, spec.replace(target_running=engine.max_running), clock)
     eng = _Engine(engine, workload.prompt_tokens)
     arrival = iter(rng.sample(range(10**7), 10**4) if engine.fcfs_shuffle else range(10**7))
     events: list[tuple[float, int, str, object]] = []  # (time, seq, kind, payload)
@@ -208,7 +198,7 @@ def simulate_round(
         nonlocal trainer_busy_until
         if trainer_busy_until > clock.now():
             return
-        d = rnd.take(whole_step=trainer.whole_step, ready_steps=trainer.ready_steps)
+        d = rnd.take()
         if d is None:
             set_contention(False)
             return

@@ -1,4 +1,4 @@
-"""``python -m recipe.rolloutpipe.bench.shm_spin_probe [--steps 1000]``: does vLLM's shared-memory spin cost a shared
+"""``python -m experiments.shm_spin_probe [--steps 1000]``: does vLLM's shared-memory spin cost a shared
 core? vLLM's engine core and model worker wait for each other's next message by spinning with ``sched_yield`` for
 1 s after each read (``SpinCondition.busy_loop_s``); on the rollout core they share the CPU with the HTTP server and
 the agent loop. This probe runs vLLM's own ``MessageQueue`` between two processes pinned to one core -- an
@@ -91,12 +91,12 @@ def run_pair(cpu: int, steps: int, spin_s: float | None, work_s: float, burn_s: 
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m recipe.rolloutpipe.bench.shm_spin_probe",
+    ap = argparse.ArgumentParser(prog="python -m experiments.shm_spin_probe",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--cpu", type=int, default=min(os.sched_getaffinity(0)))
     args = ap.parse_args(argv)
-    from ..provenance import git_commit
+    from recipe.rolloutpipe.provenance import git_commit
 
     results = [run_pair(args.cpu, args.steps, spin, 0.005, burn)
                for burn in (0.0, 7.0, 7.0) for spin in (None, 0.0)]

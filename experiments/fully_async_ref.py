@@ -1,6 +1,6 @@
 """Outside reference: verl's own ``fully_async_policy`` in its staleness-0 streaming mode on the bench's setting.
 
-``python -m recipe.rolloutpipe.bench.fully_async_ref [key=value ...]`` composes the recipe's CPU config with
+``python -m experiments.fully_async_ref [key=value ...]`` composes the recipe's CPU config with
 verl's ``fully_async_ppo_trainer.yaml`` block (``async_training``: staleness_threshold=0, one parameter sync per
 round of R prompts, no partial rollout) and the disaggregated layout, then runs verl's ``FullyAsyncTaskRunner``
 unchanged. docs/results.md records what happened on this machine.
@@ -17,8 +17,8 @@ from omegaconf import OmegaConf, open_dict
 def build_config(overrides: list[str]):
     import verl.experimental.fully_async_policy as fa
 
-    from ..resolve import apply_layout
-    from .__main__ import load_config
+    from recipe.rolloutpipe.bench.__main__ import load_config
+    from recipe.rolloutpipe.resolve import apply_layout
 
     cfg = load_config(quick=True, overrides=[])
     async_yaml = OmegaConf.load(Path(fa.__file__).parent / "config" / "fully_async_ppo_trainer.yaml")
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     from verl.experimental.fully_async_policy.fully_async_main import FullyAsyncTaskRunner
     from verl.trainer.main_ppo import run_ppo
 
-    from ..main import prepare_runtime
+    from recipe.rolloutpipe.main import prepare_runtime
 
     cfg = build_config(list(sys.argv[1:] if argv is None else argv))
     prepare_runtime(cfg)

@@ -1,4 +1,4 @@
-"""``python -m recipe.rolloutpipe.bench.long_prompts OUT_DIR [--tokens N]``: the embedded default's prompts, each
+"""``python -m experiments.long_prompts OUT_DIR [--tokens N]``: the embedded default's prompts, each
 with a system preamble that brings it to about N tokens (chat template included) -- a bench workload with balanced
 rounds.
 
@@ -32,7 +32,7 @@ def write_long_prompts(out: Path, tokens: int, source: Path | None = None) -> di
     import pandas as pd
     from transformers import AutoTokenizer
 
-    from ..prepare import default_dir
+    from recipe.rolloutpipe.prepare import default_dir
 
     source = source or default_dir()
     tokenizer = AutoTokenizer.from_pretrained(source / "model")
@@ -53,7 +53,7 @@ def write_long_prompts(out: Path, tokens: int, source: Path | None = None) -> di
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m recipe.rolloutpipe.bench.long_prompts",
+    ap = argparse.ArgumentParser(prog="python -m experiments.long_prompts",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path, help="directory for train.parquet and val.parquet")
     ap.add_argument("--tokens", type=int, default=220, help="about this many tokens per prompt (default 220)")

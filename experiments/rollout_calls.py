@@ -1,4 +1,4 @@
-"""``python -m recipe.rolloutpipe.bench.rollout_calls [--rounds N] [key=value ...]``: does the recipe's per-group
+"""``python -m experiments.rollout_calls [--rounds N] [key=value ...]``: does the recipe's per-group
 rollout path cost generation time? Generation only, on the quick bench's stack and rounds (pinned pools, saturated
 engine), three ways of sending the same round, interleaved round by round (order alternated):
 
@@ -31,11 +31,11 @@ from pathlib import Path
 import numpy as np
 import ray
 
-from ..main import prepare_runtime
-from ..provenance import git_commit, machine
-from ..resolve import apply_layout
-from .__main__ import load_config
-from .pinning import pool_env
+from recipe.rolloutpipe.bench.__main__ import load_config
+from recipe.rolloutpipe.bench.pinning import pool_env
+from recipe.rolloutpipe.main import prepare_runtime
+from recipe.rolloutpipe.provenance import git_commit, machine
+from recipe.rolloutpipe.resolve import apply_layout
 
 PATTERNS = ("verl_batch", "per_group", "group_stream", "one_call", "group_stream+train")
 
@@ -43,11 +43,12 @@ PATTERNS = ("verl_batch", "per_group", "group_stream", "one_call", "group_stream
 @ray.remote
 class RolloutCallsRunner:
     def run(self, config, rounds: int) -> dict:
-        from ..rollout_stream import SAMPLE_COLUMN, GroupRequest, GroupRolloutStream
-        from ..runner import build_disaggregated_trainer
-        from ..workloads import LengthProfile
-        from .pinning import cpu_seconds, cpu_used, pin_pools, this_run
-        from .runner import make_round
+        from recipe.rolloutpipe.bench.pinning import cpu_seconds, cpu_used, pin_pools, this_run
+        from recipe.rolloutpipe.bench.runner import make_round
+        from recipe.rolloutpipe.rollout_stream import SAMPLE_COLUMN, GroupRequest, GroupRolloutStream
+        from recipe.rolloutpipe.runner import build_disaggregated_trainer
+        from recipe.rolloutpipe.train_calls import TrainCalls
+        from recipe.rolloutpipe.workloads import LengthProfile
 
         bench = config.rolloutpipe.bench
         trainer = build_disaggregated_trainer(config)
@@ -68,9 +69,10 @@ class RolloutCallsRunner:
             chunk = load_rows[0][:16]
             chunk.meta_info["temperature"] = float(config.actor_rollout_ref.rollout.temperature)
             chunk.meta_info["global_token_num"] = chunk.batch["attention_mask"].sum(-1).tolist()
+            calls_ = TrainCalls(trainer, k, timing={}, reward_kl=None)
             while not stop.is_set():
                 t = time.monotonic()
-                trainer._old_log_probs(chunk, 0)
+                calls_.old_log_probs(chunk, 0)
                 calls.append(time.monotonic() - t)
 
         def generate(pattern: str, batch) -> dict:
@@ -157,7 +159,7 @@ def summarize(raw: dict) -> dict:
     """Per pattern: median seconds, median CPU seconds per process outside the trainer pool (the rollout pool's,
     the driver's, Ray's daemons'), and the paired per-round ratio against ``verl_batch`` (> 1: slower) with its
     bootstrap CI."""
-    from .report import _bootstrap_median_ci
+    from recipe.rolloutpipe.bench.report import _bootstrap_median_ci
 
     base = raw["verl_batch"]["seconds"]
     summary: dict = {}
@@ -186,7 +188,7 @@ def summarize(raw: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m recipe.rolloutpipe.bench.rollout_calls",
+    ap = argparse.ArgumentParser(prog="python -m experiments.rollout_calls",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=8, help="measured rounds per pattern (after one warm-up)")
     ap.add_argument("overrides", nargs="*", help="key=value overrides, as for the bench (--quick's setting)")
