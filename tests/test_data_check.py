@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ from recipe.rolloutpipe.data_check import DataCheckError, check_data, row_proble
 from recipe.rolloutpipe.prepare import default_dir, ensure_default
 
 ROOT = Path(__file__).resolve().parents[1]
+FAULTY = str(ROOT / "tests" / "data" / "faulty_reward.py")  # a reward function with every fault
 
 
 @pytest.fixture(scope="module")
@@ -81,15 +84,23 @@ def test_truncated_file_stops_before_ray(tmp_path, broken):
 
 
 @pytest.mark.real_stack(runs=1)
-def test_skip_policy_trains_on_the_cleaned_copy(tmp_path, broken):
+def test_bad_rows_skipped_and_a_faulty_reward_lose_no_group(tmp_path, broken):
+    """One launch for both kinds of bad input at run time (a launch costs ~2 min): the skip policy trains on the
+    cleaned copy, and every fault of the reward function (raises, NaN, None, too slow: tests/data/faulty_reward.py)
+    fires inside verl's reward loop; both rounds train all 16 groups and count the errors."""
     out = subprocess.run(
         [sys.executable, "-m", "recipe.rolloutpipe.main", f"data.train_files={broken}",
          "rolloutpipe.data_check.on_bad_row=skip", "data.filter_overlong_prompts=true",
-         f"rolloutpipe.data_check.clean_dir={tmp_path}/clean", "trainer.total_training_steps=1",
+         f"rolloutpipe.data_check.clean_dir={tmp_path}/clean", f"reward.custom_reward_function.path={FAULTY}",
+         "rolloutpipe.reward_guard.timeout_s=0.3", "trainer.total_training_steps=2",
          "trainer.val_before_train=false", "trainer.test_freq=-1", f"rolloutpipe.timeline_dir={tmp_path}/tl",
          f"hydra.run.dir={tmp_path}/h"], capture_output=True, text=True, timeout=900, cwd=ROOT)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-5000:]
     assert "broken.parquet: 64 rows, 2 skipped as malformed, 1 overlong" in log
-    assert "[rolloutpipe] round 1 mode=cgp_fgd" in log
     assert (tmp_path / "clean" / "broken.clean.parquet").exists()
+    errors = [int(x) for x in re.findall(r"\[rolloutpipe\] round \d+ mode=cgp_fgd .*reward_errors=(\d+)", log)]
+    assert len(errors) == 2 and all(e > 0 for e in errors), log[-3000:]
+    consumed = re.findall(r"rolloutpipe/groups_trained:([0-9.]+)", log)
+    assert [float(c) for c in consumed] == [16.0, 16.0]
+    assert not any(math.isnan(float(x)) for x in re.findall(r"critic/score/mean:([0-9.na]+)", log))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,12 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 ROUND = re.compile(r"\[rolloutpipe\] round (\d+) mode=sync")
 # sync: a step's groups do not depend on completion timing (in cgp modes they follow the arrival order, so two
 # runs agree only up to that order; both are on-policy)
-COMMON = ["rolloutpipe.mode=sync", "rolloutpipe.sampling_seed=11", "trainer.total_training_steps=3",
-          "trainer.save_freq=2", "trainer.val_before_train=false", "trainer.test_freq=-1"]
+COMMON = ["rolloutpipe.mode=sync", "rolloutpipe.sampling_seed=11", "trainer.val_before_train=false",
+          "trainer.test_freq=-1"]
 
 
-def _cmd(tmp: Path, name: str) -> list[str]:
-    return [sys.executable, "-m", "recipe.rolloutpipe.main", *COMMON, f"trainer.default_local_dir={tmp}/{name}",
+def _cmd(tmp: Path, name: str, rounds: int = 3, save_freq: int = 2) -> list[str]:
+    return [sys.executable, "-m", "recipe.rolloutpipe.main", *COMMON, f"trainer.total_training_steps={rounds}",
+            f"trainer.save_freq={save_freq}", f"trainer.default_local_dir={tmp}/{name}",
             f"rolloutpipe.timeline_dir={tmp}/{name}_tl", f"hydra.run.dir={tmp}/{name}_hydra"]
 
 
@@ -107,23 +109,25 @@ def _check_sync_round(tl_dir: Path, i: int) -> None:
     assert (tl_dir / f"round{i:04d}_sync.trace.json").stat().st_size > 0
 
 
-@pytest.mark.real_stack(runs=3)
-def test_killed_trainer_resumes_to_the_uninterrupted_result(tmp_path):
+@pytest.mark.real_stack(runs=2)
+def test_a_resumed_run_equals_the_uninterrupted_one_and_a_killed_trainer_names_its_checkpoint(tmp_path):
+    """Two launches (a third would only repeat the second's resume): run a, 3 rounds uninterrupted (checkpoints
+    after rounds 2 and 3); run b resumes from a copy of a's round-2 checkpoint, trains round 3 (checkpoint), and
+    its FSDP worker is SIGKILLed while round 4 runs."""
     log_a = _run(_cmd(tmp_path, "a"))
     assert [int(r) for r in ROUND.findall(log_a)] == [1, 2, 3]
     for i in (1, 2, 3):  # the mode this test runs in (its steps do not depend on completion timing)
         _check_sync_round(tmp_path / "a_tl", i)
     assert (tmp_path / "a_tl" / "round0001_sync.png").stat().st_size > 0
 
-    # run b: SIGKILL the trainer's FSDP worker as soon as the round-2 checkpoint is complete (round 3 is running)
-    log_b1, died = _kill_after_checkpoint(_cmd(tmp_path, "b"), tmp_path / "b", 2, "ray::WorkerDict")
-    assert died.group(1) == "3" and died.group(2).endswith("global_step_2") and died.group(3) == "3"
-    assert "Traceback" not in log_b1.split("rolloutpipe: a worker died")[-1]  # one message, not a stack
-
-    # resume: round 3 only (nothing trained twice), final weights equal run a's exactly
-    log_b2 = _run(_cmd(tmp_path, "b"))
-    assert "resumed after round 2 (32 groups trained so far): the next round is 3" in log_b2
-    assert [int(r) for r in ROUND.findall(log_b2)] == [3]
+    # run b: resume from round 2's checkpoint (as after a kill in round 3: the tracker names the last complete one)
+    shutil.copytree(tmp_path / "a" / "global_step_2", tmp_path / "b" / "global_step_2")
+    (tmp_path / "b" / "latest_checkpointed_iteration.txt").write_text("2")
+    log_b, died = _kill_after_checkpoint(_cmd(tmp_path, "b", rounds=4, save_freq=1), tmp_path / "b", 3,
+                                         "ray::WorkerDict")
+    # resumed: round 3 only before the kill (nothing trained twice), its weights equal run a's exactly
+    assert "resumed after round 2 (32 groups trained so far): the next round is 3" in log_b
+    assert [int(r) for r in ROUND.findall(log_b)] == [3]
     wa, wb = _weights(tmp_path / "a" / "global_step_3"), _weights(tmp_path / "b" / "global_step_3")
     assert wa.keys() == wb.keys()
     diff = max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wa)
@@ -131,6 +135,9 @@ def test_killed_trainer_resumes_to_the_uninterrupted_result(tmp_path):
                 for k, w in _weights(tmp_path / "a" / "global_step_2").items())
     print(f"resume: max |w_a - w_b| = {diff}; weights moved {moved} in round 3")
     assert moved > 0 and diff <= 1e-6
+    # killed in round 4: one message naming the last complete checkpoint and the round to restart
+    assert died.group(1) == "4" and died.group(2).endswith("global_step_3") and died.group(3) == "4"
+    assert "Traceback" not in log_b.split("rolloutpipe: a worker died")[-1]  # one message, not a stack
 
 
 @pytest.mark.real_stack(runs=1)

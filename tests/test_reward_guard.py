@@ -1,11 +1,8 @@
-"""Bad reward output is handled by policy: scored 0 and counted, or one clear error; never a hang."""
+"""Bad reward output is handled by policy: scored 0 and counted, or one clear error; never a hang. (On the real
+stack: tests/test_data_check.py, one launch with bad rows and this faulty reward.)"""
 
 from __future__ import annotations
 
-import math
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -47,21 +44,3 @@ def test_raise_policy_names_function_and_cause():
         guarded_score(DATA_SOURCE, answer_with_key(0), "12", user_path=FAULTY, on_error="raise")
     with pytest.raises(RewardFunctionError, match="has no function 'nope'"):
         guarded_score(DATA_SOURCE, "1", "1", user_path=FAULTY, user_name="nope")
-
-
-@pytest.mark.real_stack(runs=1)
-def test_round_completes_with_faulty_reward(tmp_path):
-    """Real stack: every fault fires inside verl's reward loop; both rounds train all 16 groups and count errors."""
-    out = subprocess.run(
-        [sys.executable, "-m", "recipe.rolloutpipe.main", "trainer.total_training_steps=2",
-         "trainer.val_before_train=false", "trainer.test_freq=-1", f"reward.custom_reward_function.path={FAULTY}",
-         "rolloutpipe.reward_guard.timeout_s=0.3", f"rolloutpipe.timeline_dir={tmp_path}/tl",
-         f"hydra.run.dir={tmp_path}/hydra"],
-        capture_output=True, text=True, timeout=900, cwd=ROOT)
-    log = out.stdout + out.stderr
-    assert out.returncode == 0, log[-5000:]
-    errors = [int(x) for x in re.findall(r"\[rolloutpipe\] round \d+ .*reward_errors=(\d+)", log)]
-    assert len(errors) == 2 and all(e > 0 for e in errors), log[-3000:]
-    consumed = re.findall(r"rolloutpipe/groups_trained:([0-9.]+)", log)
-    assert [float(c) for c in consumed] == [16.0, 16.0]
-    assert not any(math.isnan(float(x)) for x in re.findall(r"critic/score/mean:([0-9.na]+)", log))
