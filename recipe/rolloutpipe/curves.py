@@ -1,14 +1,18 @@
 """``python -m recipe.rolloutpipe.curves``: do whole runs learn the same as with verl's own trainer?
 
-Runs the main job on the embedded default for every mode -- ``stock`` (verl's own trainer), ``sync``, ``cgp``,
-``cgp_fgd`` -- and every seed, one run after the other (a run is ~2.5 min on 2 cores). A seed fixes the prompt
-order (``data.seed``: the same prompts per round in every mode) and, in RolloutPipe's modes, the sampling
-(``rolloutpipe.sampling_seed``); verl's own trainer samples unseeded, as it does by default. Each run logs through
-verl's ``file`` logger; this module reads those records and writes ``<out>.json`` and ``<out>.png``:
+Runs the main job on the embedded default for each mode asked (default: ``stock``, verl's own trainer, and the
+recipe's default ``cgp_fgd``; also ``sync``, ``cgp``) and every seed, one run after the other (a run is ~4.5 min on
+2 cores). A seed fixes the prompt
+order (``data.seed``: the same prompts per round in every mode), vLLM's engine seed (``actor_rollout_ref.rollout.
+seed``, verl's own trainer included) and, in RolloutPipe's modes, the per-request sampling
+(``rolloutpipe.sampling_seed``). Each run logs through verl's ``file`` logger; this module reads those records and
+writes ``<out>.json`` and ``<out>.png``:
 
 - per mode and round: mean and spread (min, max over seeds) of the training reward and of greedy validation;
 - ``final_val`` per seed, ``final_val_diff_vs_stock`` (mean over seeds of the paired difference to ``stock``'s run
-  with the same seed) and its bootstrap 95 % CI (``scipy.stats.bootstrap``, percentile: 3 seeds give a coarse one);
+  with the same seed) and its 95 % t-interval; ``equivalence``: two one-sided paired t-tests (TOST) that the
+  difference lies within +-``EQUIVALENCE_MARGIN`` of final validation (equivalent when both reject at 5 %, i.e. the
+  90 % t-interval lies inside the margin; ``scipy.stats.ttest_1samp``);
 - per optimizer step of a round, the mean response length of the groups trained (``rolloutpipe/response_length/
   step<s>``): CGP trains groups in completion order, and short answers complete first. ``stock`` and ``sync`` train
   in submission order, so ``sync`` is the reference (verl's serial trainer does not log per-step lengths).
@@ -36,11 +40,12 @@ MODES = (STOCK, *map(str, TRAINER_MODES))
 TRAIN_REWARD = "critic/score/mean"
 VAL_SUFFIX = "acc/mean@1"
 STEP_LENGTH = "rolloutpipe/response_length/step"
+EQUIVALENCE_MARGIN = 0.03  # of final greedy validation (exact-answer rate): what "learns the same" is held to
 
 
 def mode_overrides(mode: str, seed: int) -> list[str]:
     """The main job's overrides for one run of the comparison."""
-    common = [f"data.seed={seed}"]
+    common = [f"data.seed={seed}", f"actor_rollout_ref.rollout.seed={seed}"]
     if mode == STOCK:
         return [*common, "rolloutpipe.trainer=stock"]
     return [*common, f"rolloutpipe.mode={mode}", f"rolloutpipe.sampling_seed={seed}"]
@@ -86,14 +91,31 @@ def series(records: list[dict[str, Any]]) -> dict[str, Any]:
             "step_response_length": [steps[r] for r in sorted(steps)]}
 
 
-def _ci_of_mean(diffs: Sequence[float], seed: int = 0) -> list[float]:
-    from scipy.stats import bootstrap
+def _t_interval(diffs: Sequence[float], level: float) -> list[float]:
+    """The t-interval of the mean (a bootstrap of 3-5 values is only their range)."""
+    from scipy import stats
 
-    if len(set(diffs)) < 2:  # a degenerate sample: the CI is the point
-        return [float(diffs[0]), float(diffs[0])] if diffs else [float("nan")] * 2
-    res = bootstrap((np.asarray(diffs),), np.mean, method="percentile", n_resamples=9999,
-                    random_state=np.random.default_rng(seed))
-    return [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+    d = np.asarray(diffs, dtype=float)
+    if len(d) < 2 or np.ptp(d) == 0:  # one value, or all equal: the interval is the point
+        return [float(d.mean()), float(d.mean())] if len(d) else [float("nan")] * 2
+    lo, hi = stats.t.interval(level, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+    return [float(lo), float(hi)]
+
+
+def equivalence(diffs: Sequence[float], margin: float = EQUIVALENCE_MARGIN, alpha: float = 0.05) -> dict[str, Any]:
+    """TOST on paired differences: H0 "mean <= -margin" and H0 "mean >= +margin", each a one-sided t-test; the
+    modes are equivalent within the margin when both are rejected at ``alpha``."""
+    from scipy import stats
+
+    d = np.asarray(diffs, dtype=float)
+    if len(d) < 2 or np.ptp(d) == 0:
+        p = 0.0 if len(d) and abs(d.mean()) < margin else 1.0  # no spread: the point decides
+    else:
+        p_low = stats.ttest_1samp(d, -margin, alternative="greater").pvalue
+        p_high = stats.ttest_1samp(d, margin, alternative="less").pvalue
+        p = float(max(p_low, p_high))
+    return {"test": "TOST, paired t", "margin": margin, "alpha": alpha, "n": int(len(d)), "p": round(p, 4),
+            "ci90": [round(x, 4) for x in _t_interval(d, 1 - 2 * alpha)], "equivalent": bool(p < alpha)}
 
 
 def summarize(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
@@ -122,7 +144,8 @@ def summarize(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
         paired = [final[i] - stock_final[s] for i, s in enumerate(seeds) if s in stock_final]
         if paired and mode != STOCK:
             entry["final_val_diff_vs_stock"] = float(np.mean(paired))
-            entry["final_val_diff_vs_stock_ci"] = _ci_of_mean(paired)
+            entry["final_val_diff_vs_stock_ci"] = _t_interval(paired, 0.95)
+            entry["equivalence"] = equivalence(paired)
             lo, hi = min(stock_final.values()), max(stock_final.values())
             entry["final_val_inside_stock_spread"] = bool(lo <= float(np.mean(final)) <= hi)
         out[mode] = entry
@@ -164,9 +187,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     from tqdm import tqdm
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--rounds", type=int, default=40)  # the main job's length
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--modes", nargs="+", default=[STOCK, "cgp_fgd"], choices=MODES)  # verl's trainer, the default
     ap.add_argument("--out", default="docs/results/learning_curves", help="writes OUT.json and OUT.png")
     ap.add_argument("--work", default="outputs/curves", help="per-run logs, records and timelines")
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
@@ -188,8 +211,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     plot(summary, out.with_suffix(".png"))
     for mode, m in summary.items():
         diff = (f"; final val - stock {m['final_val_diff_vs_stock']:+.3f} CI "
-                f"[{m['final_val_diff_vs_stock_ci'][0]:+.3f}, {m['final_val_diff_vs_stock_ci'][1]:+.3f}]"
-                if "final_val_diff_vs_stock" in m else "")
+                f"[{m['final_val_diff_vs_stock_ci'][0]:+.3f}, {m['final_val_diff_vs_stock_ci'][1]:+.3f}]; "
+                f"equivalent within +-{EQUIVALENCE_MARGIN}: {m['equivalence']['equivalent']} "
+                f"(TOST p={m['equivalence']['p']})" if "final_val_diff_vs_stock" in m else "")
         print(f"{mode:8s} final val {m['final_val']}{diff}")
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
 
