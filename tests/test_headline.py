@@ -72,7 +72,7 @@ def test_readme_table_is_regenerated_between_its_markers(tmp_path):
     assert readme.read_text() == once  # idempotent
     assert "old table" not in once and once.startswith("# Title\nbefore\n") and once.endswith("\nafter\n")
     row = next(line for line in once.splitlines() if line.startswith("| `cgp_fgd`"))
-    assert f"**{100 * h['modes']['cgp_fgd']['median_reduction_vs_verl']:+.0f} %**" in row
+    assert f"**{100 * h['modes']['cgp_fgd']['median_reduction_vs_verl']:+.1f} %**" in row
     readme.write_text("no markers\n")
     with pytest.raises(SystemExit, match="no headline table markers"):
         headline.write_readme_table(h, readme)
