@@ -421,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = compose(config_name="rolloutpipe", overrides=overrides)
     run(cfg, task_runner_class=VerifyTaskRunner)
     result = json.loads(args.json.read_text())
+    result["overrides"] = list(args.overrides)  # what was checked beyond the fixed round above (KL, train unit)
+    args.json.write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
     # the two binary facts; the numeric tolerances are the tests' (tests/conftest.py)
     return 0 if result["responses_differing"] == 0 and result["negative_control"]["detected"] else 1
