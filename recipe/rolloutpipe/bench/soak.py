@@ -93,16 +93,23 @@ class ObjectStoreProbe:
         self._state = None
         self._warned = False
 
-    def __call__(self) -> float | None:
+    def __call__(self) -> tuple[float, int] | None:
+        """(bytes in use, objects held), or None when the store cannot be asked."""
         try:
+            from ray._private.authentication.authentication_token_setup import (
+                maybe_enable_token_auth_if_token_available,
+            )
             from ray._private.internal_api import get_memory_info_reply, get_state_from_address
 
             if self._state is None:
                 address = gcs_address(self.driver_pid)
                 if address is None:
                     return None
+                # Ray's token auth (on by default when ~/.ray/auth_token exists): a client must present it too
+                maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
                 self._state = get_state_from_address(address)
-            return float(get_memory_info_reply(self._state, timeout_seconds=10).store_stats.object_store_bytes_used)
+            stats = get_memory_info_reply(self._state, timeout_seconds=10).store_stats
+            return float(stats.object_store_bytes_used), int(stats.num_local_objects)
         except Exception as e:  # a probe: the RSS samples matter more than one missed store reading
             if not self._warned:
                 logger.warning(f"soak: Ray's object-store stats unavailable ({e!r}); recorded as null")
@@ -152,6 +159,7 @@ def summarize(per_round: list[dict[str, Any]], skip: int) -> dict[str, Any]:
         "object_store_mb_first": round(store[0][1], 1) if store else None,
         "object_store_mb_last": round(store[-1][1], 1) if store else None,
         "object_store_slope_mb_per_100_rounds": round(slope_per_100(*zip(*store, strict=True)), 2) if store else None,
+        "object_store_objects_first_last": [late[0].get("object_store_objects"), late[-1].get("object_store_objects")],
         "round_time_median_s": round(median_s, 3),
         "round_time_slope_per_100_rounds": round(time_slope, 4),
         "round_time_change_pct_per_100_rounds": round(time_pct, 2),
@@ -229,7 +237,8 @@ def soak(rounds: int, skip: int, overrides: list[str], out: Path, workdir: Path)
                 "t_s": round(time.monotonic() - started, 1),
                 "round_s": float(data["timing_s/step"]),
                 "lp_diff_p90": data.get("rolloutpipe/rollout_vs_trainer_logprob_diff_p90"),
-                "object_store_bytes": None if ended else store(),
+                **dict(zip(("object_store_bytes", "object_store_objects"), (None if ended else store()) or (None, None),
+                           strict=True)),
                 "rss_mb": {k: round(v, 1) for k, v in sample_processes(job.pid).items()},
             })
             bar.update(1)
