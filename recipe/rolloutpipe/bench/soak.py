@@ -19,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -247,14 +246,23 @@ def soak(rounds: int, skip: int, overrides: list[str], out: Path, workdir: Path)
             break
         time.sleep(0.5)
     bar.close()
+    # a run that stopped early is a result too (what stopped it, and the memory up to then): written, then raised
+    stopped = None
     if job.returncode != 0 or len(per_round) < rounds:
-        raise SystemExit(f"soak: the main job ended with exit code {job.returncode} after {len(per_round)} of "
-                         f"{rounds} rounds; its log: {log_path}")
-    result = {"git_commit": commit, "machine": machine(), "command": " ".join(cmd[1:]),
-              "summary": summarize(per_round, skip), "per_round": per_round}
+        log = log_path.read_text(errors="replace").splitlines()
+        reason = [line for line in log if line.startswith("rolloutpipe:")]  # the recipe's one message, if it stopped
+        stopped = {"exit_code": job.returncode, "after_rounds": len(per_round),
+                   "message": reason[-1] if reason else None}
+    result = {"git_commit": commit, "machine": machine(), "command": " ".join(cmd[1:]), "rounds_asked": rounds,
+              "stopped_early": stopped, "summary": summarize(per_round, skip) if per_round else None,
+              "per_round": per_round}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
-    plot(result, out.with_suffix(".png"))
+    if per_round:
+        plot(result, out.with_suffix(".png"))
+    if stopped is not None:
+        raise SystemExit(f"soak: the main job ended with exit code {job.returncode} after {len(per_round)} of "
+                         f"{rounds} rounds ({stopped['message']}); its log: {log_path}; what was measured: {out}")
     return result
 
 
@@ -263,10 +271,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--skip", type=int, default=20, help="rounds left out of the slopes (start-up, warm caches)")
     ap.add_argument("--out", type=Path, default=SOAK_JSON)
+    ap.add_argument("--work", type=Path, default=Path("outputs/soak"), help="the run's log, metrics and timelines")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for the main job (verl's keys)")
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="rolloutpipe-soak-") as tmp:
-        result = soak(args.rounds, args.skip, args.overrides, args.out, Path(tmp))
+    args.work.mkdir(parents=True, exist_ok=True)
+    result = soak(args.rounds, args.skip, args.overrides, args.out, args.work.resolve())
     s = result["summary"]
     logger.info(f"soak: {s['rounds']} rounds; largest RSS slope {s['max_rss_slope']}; object store "
                 f"{s['object_store_mb_first']} -> {s['object_store_mb_last']} MB; round time median "
