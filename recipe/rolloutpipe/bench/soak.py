@@ -137,7 +137,9 @@ def summarize(per_round: list[dict[str, Any]], skip: int) -> dict[str, Any]:
     processes: dict[str, Any] = {}
     for label in labels:
         seen = [(r["round"], r["rss_mb"][label]) for r in late if label in r["rss_mb"]]
-        whole = len(seen) == len(late)  # present from after the warm-up to the end (not a short-lived helper)
+        # present from after the warm-up to the end (not a short-lived helper); the last round's sample may miss the
+        # workers: it is taken as the run shuts down, and they exit before the driver
+        whole = all(label in r["rss_mb"] for r in late[:-1])
         processes[label] = {
             "rounds_seen": len(seen), "whole_run": whole,
             "rss_mb_first": round(seen[0][1], 1), "rss_mb_last": round(seen[-1][1], 1),
@@ -273,9 +275,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=SOAK_JSON)
     ap.add_argument("--work", type=Path, default=Path("outputs/soak"), help="the run's log, metrics and timelines")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for the main job (verl's keys)")
+    ap.add_argument("--summarize-only", action="store_true",
+                    help="recompute the summary and PNG of --out from its per-round samples (no run)")
     args = ap.parse_args(argv)
-    args.work.mkdir(parents=True, exist_ok=True)
-    result = soak(args.rounds, args.skip, args.overrides, args.out, args.work.resolve())
+    if args.summarize_only:
+        result = json.loads(args.out.read_text())
+        result["summary"] = summarize(result["per_round"], args.skip)
+        result["summary_commit"] = git_commit()  # the summary's code, when it is newer than the run's
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        plot(result, args.out.with_suffix(".png"))
+    else:
+        args.work.mkdir(parents=True, exist_ok=True)
+        result = soak(args.rounds, args.skip, args.overrides, args.out, args.work.resolve())
     s = result["summary"]
     logger.info(f"soak: {s['rounds']} rounds; largest RSS slope {s['max_rss_slope']}; object store "
                 f"{s['object_store_mb_first']} -> {s['object_store_mb_last']} MB; round time median "
