@@ -28,7 +28,7 @@ import psutil
 
 from ..logs import get_logger
 from ..provenance import ROOT, git_commit, machine
-from .pinning import cpu_category
+from .pinning import cpu_category, descendants, process_title
 
 logger = get_logger(__name__)
 SOAK_JSON = ROOT / "docs" / "results" / "soak.json"
@@ -58,14 +58,10 @@ def process_label(proc: psutil.Process, driver_pid: int) -> str:
 
 def sample_processes(driver_pid: int) -> dict[str, float]:
     """RSS (MB) of the driver and every descendant (Ray's daemons and workers, vLLM's processes) right now."""
-    try:
-        root = psutil.Process(driver_pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return {}
     out: dict[str, float] = {}
-    for p in procs:
+    for pid in descendants(driver_pid):  # the bench's own walk of the process tree (pinning.py)
         try:
+            p = psutil.Process(pid)
             out[process_label(p, driver_pid)] = p.memory_info().rss / MB
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue  # ended between the listing and the read
@@ -74,13 +70,10 @@ def sample_processes(driver_pid: int) -> dict[str, float]:
 
 def gcs_address(driver_pid: int) -> str | None:
     """The run's own Ray cluster (another may run on the machine): from its raylet's ``--gcs-address``."""
-    try:
-        for p in psutil.Process(driver_pid).children(recursive=True):
-            for arg in p.cmdline():
-                if arg.startswith("--gcs-address="):
-                    return arg.split("=", 1)[1]
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        pass
+    for pid in descendants(driver_pid):
+        for arg in process_title(pid).split():
+            if arg.startswith("--gcs-address="):
+                return arg.split("=", 1)[1]
     return None
 
 
