@@ -48,8 +48,9 @@ def test_default_config_is_valid():
     (["rolloutpipe.stall_timeout_s=0"], "rolloutpipe.stall_timeout_s=0"),
     (["rolloutpipe.ray_start_timeout_s=-1"], "rolloutpipe.ray_start_timeout_s=-1: use a positive number"),
     (["reward.reward_model.enable=true"], "reward.reward_model.enable=true: the RolloutPipe trainer scores"),
-    (["rolloutpipe.max_logprob_gap_p90=0"], "rolloutpipe.max_logprob_gap_p90=0: use a positive log-prob difference"),
-    (["rolloutpipe.max_logprob_gap_p90=high"], "rolloutpipe.max_logprob_gap_p90='high': use a positive"),
+    (["rolloutpipe.max_logprob_gap_p50=0"], "rolloutpipe.max_logprob_gap_p50=0: use a positive log-prob difference"),
+    (["rolloutpipe.max_logprob_gap_p50=high"], "rolloutpipe.max_logprob_gap_p50='high': use a positive"),
+    (["rolloutpipe.ray_task_events_in_gcs=-1"], "rolloutpipe.ray_task_events_in_gcs=-1: use a number of task"),
     (["rolloutpipe.train_unit=round"], "rolloutpipe.train_unit='round': use step (one update per optimizer step), "
                                        "steps"),
     (["rolloutpipe.max_buffered_groups=3"], "rolloutpipe.max_buffered_groups=3 is below what mode=cgp_fgd must hold"),

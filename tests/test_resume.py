@@ -45,12 +45,12 @@ def _pids(title: str, root: int) -> list[int]:
     return [pid for pid in sorted(descendants(root)) if process_title(pid).startswith(title)]
 
 
-# 90th percentile of |vLLM log-prob - trainer log-prob| over a round's response tokens under the same weights:
-# measured 0.8e-4 .. 1.1e-4 per round (fp32 on both sides); vLLM one optimizer step stale: 0.095; never published
-# (dummy weights): O(1). The mean is no test statistic: one token in a few hundred can differ by 0.3 and pushed a
-# same-weights round's mean to 1.1e-3 (docs/metrics.md).
-LP_GAP_P90_BOUND = 1e-3
-LP_GAP_P90 = re.compile(r"\[rolloutpipe\] round (\d+) .*?reward=([0-9.]+) .*?lp_diff_p90=([0-9.]+)")
+# median of |vLLM log-prob - trainer log-prob| over a round's response tokens under the same weights: ~1e-5 per
+# round (fp32 on both sides), the CPU overlay's stop bound 5e-5; a LoRA adapter one round stale: 1e-4; never
+# published (dummy weights): O(1). Neither the mean nor the p90 is a test statistic: one token in a few hundred can
+# differ by 0.3 under the same weights (docs/metrics.md).
+LP_GAP_P50_BOUND = 5e-5
+LP_GAP_P50 = re.compile(r"\[rolloutpipe\] round (\d+) .*?reward=([0-9.]+) .*?lp_diff_p50=([0-9.e+-]+) ")
 
 DIED = re.compile(r"rolloutpipe: a worker died during round (\d+) .*?Last checkpoint: (\S+); rerun the same command "
                   r"\(trainer.resume_mode=auto\) to restart round (\d+) from it")
@@ -175,9 +175,9 @@ def test_killed_rollout_replicas_fail_over_then_stop_with_the_resume_message(tmp
     # round 1 ran on standalone replicas started from dummy weights: only the CPU checkpoint-engine publish makes
     # their log-probs match the trainer's, and a model with random weights would answer no arithmetic; the survivor
     # still receives every publish after the fail-over
-    gaps = {int(m[0]): (float(m[1]), float(m[2])) for m in LP_GAP_P90.findall(log)}
+    gaps = {int(m[0]): (float(m[1]), float(m[2])) for m in LP_GAP_P50.findall(log)}
     assert sorted(gaps) == [1, 2] and gaps[1][0] > 0, gaps
-    assert max(gap for _, gap in gaps.values()) <= LP_GAP_P90_BOUND, gaps
+    assert max(gap for _, gap in gaps.values()) <= LP_GAP_P50_BOUND, gaps
 
     # the second death: nothing left to re-send to; the round stops with the resume message, nothing published
     stop = DIED.search(log)

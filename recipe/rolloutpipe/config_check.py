@@ -70,10 +70,14 @@ def validate(cfg: DictConfig) -> RoundSettings:
     stall = rp.stall_timeout_s
     if stall is not None and float(stall) <= 0:
         errors.append(f"rolloutpipe.stall_timeout_s={stall}: use a positive number of seconds (or null to disable)")
-    gap = rp.max_logprob_gap_p90
+    gap = rp.max_logprob_gap_p50
     if gap is not None and not (isinstance(gap, (int, float)) and gap > 0):
-        errors.append(f"rolloutpipe.max_logprob_gap_p90={gap!r}: use a positive log-prob difference (1e-3 on CPU "
+        errors.append(f"rolloutpipe.max_logprob_gap_p50={gap!r}: use a positive log-prob difference (5e-5 on CPU "
                       "fp32) or null to disable the check")
+    events = rp.ray_task_events_in_gcs
+    if not (isinstance(events, int) and events >= 0):
+        errors.append(f"rolloutpipe.ray_task_events_in_gcs={events!r}: use a number of task events >= 0 (Ray's "
+                      "GCS keeps that many for `ray list tasks`; 0 keeps none)")
     ray_start = rp.ray_start_timeout_s
     if ray_start is not None and float(ray_start) <= 0:
         errors.append(f"rolloutpipe.ray_start_timeout_s={ray_start}: use a positive number of seconds (Ray's "

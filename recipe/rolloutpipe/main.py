@@ -119,6 +119,7 @@ def prepare_runtime(config: DictConfig, worker_env: dict[str, str] | None = None
             gpus = config.trainer.nnodes * config.trainer.n_gpus_per_node
             gpus += config.actor_rollout_ref.rollout.nnodes * config.actor_rollout_ref.rollout.n_gpus_per_node
             kwargs.update(num_cpus=int(config.rolloutpipe.ray_num_cpus), num_gpus=gpus)
+        kwargs["_system_config"] = {"task_events_max_num_task_in_gcs": int(config.rolloutpipe.ray_task_events_in_gcs)}
         init_ray_bounded(kwargs, timeout_s, local=True)
 
 

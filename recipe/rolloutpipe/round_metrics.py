@@ -54,8 +54,9 @@ def round_metrics(timeline: RoundTimeline, trained: list[DataProto], step_output
         # the mean of a round's few hundred tokens can reach 1e-3 from one token; the 90th percentile is ~1e-4
         # when the publish arrived and ~0.1 when vLLM is one optimizer step stale (docs/metrics.md)
         tokens = gap[mask.bool()].float()
-        metrics[PREFIX + "rollout_vs_trainer_logprob_diff_p90"] = (float(torch.quantile(tokens, 0.9)) if len(tokens)
-                                                                   else float("nan"))
+        for name, q in (("p50", 0.5), ("p90", 0.9)):
+            metrics[f"{PREFIX}rollout_vs_trainer_logprob_diff_{name}"] = (float(torch.quantile(tokens, q))
+                                                                          if len(tokens) else float("nan"))
     return metrics
 
 
@@ -69,6 +70,7 @@ def round_line(step: int, pipe: Any, metrics: dict[str, Any], timeline_path: Pat
         f"first_dispatch={m['first_dispatch_s']:.2f}s overlap_eff={m['overlap_efficiency']:.2f} "
         f"publish={m.get('publish_s', 0):.2f}s "
         f"lp_diff={m.get('rollout_vs_trainer_logprob_diff', float('nan')):.4f} "
+        f"lp_diff_p50={m.get('rollout_vs_trainer_logprob_diff_p50', float('nan')):.2e} "
         f"lp_diff_p90={m.get('rollout_vs_trainer_logprob_diff_p90', float('nan')):.5f} "
         + (f"reward_errors={m['reward_errors']:.0f} " if m.get("reward_errors") else "")
         + (f"filtered={m['groups_filtered']:.0f} short_by={m['groups_short']:.0f} "

@@ -4,7 +4,7 @@ Runs the main job (``python -m recipe.rolloutpipe.main``, the embedded default u
 rounds and, after each round (a line of verl's ``file`` logger), samples every process of the run: the driver, Ray's
 task runner and workers, vLLM's engine processes, Ray's own daemons (each by pid, resident set size), Ray's
 object-store bytes in use (the raylet's store stats: weights are published through it every round), the round's
-time (``timing_s/step``) and ``lp_diff_p90``. Writes docs/results/soak.json and a PNG beside it.
+time (``timing_s/step``) and ``lp_diff_p50``/``lp_diff_p90``. Writes docs/results/soak.json and a PNG beside it.
 
 Summary per process (present at round ``--skip`` and at the end): ``rss_mb_first``, ``rss_mb_last`` and
 ``rss_slope_mb_per_100_rounds``, a least-squares line over the rounds after ``--skip`` (start-up and the first
@@ -157,6 +157,9 @@ def summarize(per_round: list[dict[str, Any]], skip: int) -> dict[str, Any]:
         "round_time_median_s": round(median_s, 3),
         "round_time_slope_per_100_rounds": round(time_slope, 4),
         "round_time_change_pct_per_100_rounds": round(time_pct, 2),
+        # same weights every round: how close the noise of vLLM-vs-trainer log-probs came to the stale-weights stop
+        "lp_diff_max": {q: max((r[f"lp_diff_{q}"] for r in per_round if r.get(f"lp_diff_{q}") is not None),
+                               default=None) for q in ("p50", "p90")},
         "meets_targets": {
             "rss": bool(slopes) and max(slopes.values()) <= TARGETS["rss_slope_mb_per_100_rounds"],
             "round_time": abs(time_pct) <= TARGETS["round_time_change_pct_per_100_rounds"],
@@ -230,6 +233,7 @@ def soak(rounds: int, skip: int, overrides: list[str], out: Path, workdir: Path)
                 "round": int(rec.get("step", data.get("training/global_step", 0))),
                 "t_s": round(time.monotonic() - started, 1),
                 "round_s": float(data["timing_s/step"]),
+                "lp_diff_p50": data.get("rolloutpipe/rollout_vs_trainer_logprob_diff_p50"),
                 "lp_diff_p90": data.get("rolloutpipe/rollout_vs_trainer_logprob_diff_p90"),
                 **dict(zip(("object_store_bytes", "object_store_objects"), (None if ended else store()) or (None, None),
                            strict=True)),
