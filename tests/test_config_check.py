@@ -50,6 +50,7 @@ def test_default_config_is_valid():
     (["reward.reward_model.enable=true"], "reward.reward_model.enable=true: the RolloutPipe trainer scores"),
     (["rolloutpipe.max_logprob_gap_p50=0"], "rolloutpipe.max_logprob_gap_p50=0: use a positive log-prob difference"),
     (["rolloutpipe.max_logprob_gap_p50=high"], "rolloutpipe.max_logprob_gap_p50='high': use a positive"),
+    (["rolloutpipe.embedded_task=chess"], "rolloutpipe.embedded_task='chess': use arith (single turn) or arith_tool"),
     (["rolloutpipe.ray_task_events_in_gcs=-1"], "rolloutpipe.ray_task_events_in_gcs=-1: use a number of task"),
     (["rolloutpipe.train_unit=round"], "rolloutpipe.train_unit='round': use step (one update per optimizer step), "
                                        "steps"),

@@ -140,7 +140,9 @@ KL = ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_lo
     # step is the default train unit (one call per optimizer step); steps shares its call path (whole steps through
     # one verl update) and sync's multi-step call (tests/test_resume.py), with the FIFO's ready-steps release
     # property-tested (tests/test_pipeline_core.py)
-    ("step", [*KL, "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "algorithm.use_kl_in_reward=true",
+    # On the agentic task (task=agentic): verl's multi-turn ToolAgentLoop, a calculator tool with heavy-tailed
+    # latency; ~30 % of the trajectories call it (tool turns masked out of the loss), the rest answer directly.
+    ("step", ["task=agentic", *KL, "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "algorithm.use_kl_in_reward=true",
               "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.kl_coef=0.5"]),
     # groups with KL: tests/test_multinode.py (two ranks on two Ray nodes, one launch for both)
 ])
@@ -148,6 +150,8 @@ KL = ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_lo
 def test_verify_onpolicy_is_exact(tmp_path, train_unit, extra, verify_onpolicy):
     v, log = verify_onpolicy(tmp_path, train_unit, *extra)
     assert v["kl_loss"]
+    # the exact comparison covered multi-turn trajectories: responses with a tool's turn inside
+    assert v["responses_with_tool_turns"] > 0 and v["tool_response_tokens"] > 0, v
     # a whole run's console (driver, verl workers, vLLM server and engine): none of the known start-up noise
     # (rolloutpipe_workers/known_noise.py) reaches it, while the recipe's own lines still do
     assert not [n.text for n in (*LOG_LINES, *WARNINGS) if n.text in log]

@@ -74,6 +74,9 @@ def validate(cfg: DictConfig) -> RoundSettings:
     if gap is not None and not (isinstance(gap, (int, float)) and gap > 0):
         errors.append(f"rolloutpipe.max_logprob_gap_p50={gap!r}: use a positive log-prob difference (5e-5 on CPU "
                       "fp32) or null to disable the check")
+    if rp.embedded_task not in ("arith", "arith_tool"):
+        errors.append(f"rolloutpipe.embedded_task={rp.embedded_task!r}: use arith (single turn) or arith_tool (the "
+                      "calculator tool; task=agentic sets it with verl's multi-turn keys)")
     events = rp.ray_task_events_in_gcs
     if not (isinstance(events, int) and events >= 0):
         errors.append(f"rolloutpipe.ray_task_events_in_gcs={events!r}: use a number of task events >= 0 (Ray's "

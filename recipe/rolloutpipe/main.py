@@ -41,7 +41,8 @@ def resolve_embedded(config: DictConfig) -> None:
         return
     from .prepare import DefaultSpec, ensure_default
 
-    root = ensure_default(DefaultSpec(seed=int(config.rolloutpipe.embedded_seed)))
+    rp = config.rolloutpipe
+    root = ensure_default(DefaultSpec(seed=int(rp.embedded_seed), task=rp.embedded_task))
     with open_dict(config):
         for key, name in paths.items():
             if OmegaConf.select(config, key) == EMBEDDED:
@@ -50,13 +51,13 @@ def resolve_embedded(config: DictConfig) -> None:
 
 
 def resolve_config_files(config: DictConfig) -> None:
-    """Relative config-file paths of the recipe (agent loops) are files in config/: make them absolute so every
+    """Relative config-file paths of the recipe (agent loops, tools) are files in config/: make them absolute so every
     Ray worker finds them whatever its working directory."""
-    agent = config.actor_rollout_ref.rollout.agent
-    path = agent.get("agent_loop_config_path")
-    if path and not os.path.isabs(path) and (Path(CONFIG_DIR) / path).exists():
-        with open_dict(config):
-            agent.agent_loop_config_path = str(Path(CONFIG_DIR) / path)
+    for key in ("actor_rollout_ref.rollout.agent.agent_loop_config_path",
+                "actor_rollout_ref.rollout.multi_turn.tool_config_path"):
+        path = OmegaConf.select(config, key)
+        if path and not os.path.isabs(path) and (Path(CONFIG_DIR) / path).exists():
+            OmegaConf.update(config, key, str(Path(CONFIG_DIR) / path), merge=False)
 
 
 def apply_reward_guard(config: DictConfig) -> None:

@@ -39,6 +39,7 @@ def round_metrics(timeline: RoundTimeline, trained: list[DataProto], step_output
     # trained groups whose K responses all got advantage 0 (what algorithm.filter_groups drops)
     metrics[PREFIX + "groups_zero_advantage"] = float(sum(
         bool(g.abs().sum() == 0) for g in batch.batch["advantages"].split(group_size)))
+    metrics[PREFIX + "tool_response_tokens"] = float(tool_turn_tokens(mask).sum())
     metrics[PREFIX + "groups_short"] = float(timeline.ledger.short_by) if timeline.ledger else 0.0
     # mean response length of the groups of each optimizer step (rows are in training order): completion order
     # trains short answers first, a known bias of streaming RL that the learning curves measure (curves.py)
@@ -60,6 +61,13 @@ def round_metrics(timeline: RoundTimeline, trained: list[DataProto], step_output
     return metrics
 
 
+def tool_turn_tokens(response_mask: torch.Tensor) -> torch.Tensor:
+    """Per row: the response tokens that are not the model's between its first and last own token -- a tool's
+    turn in a multi-turn trajectory, masked out of the loss by verl's agent loop."""
+    generated = response_mask.cumsum(-1)
+    return ((generated > 0) & (generated < generated[:, -1:]) & (response_mask == 0)).sum(-1)
+
+
 def round_line(step: int, pipe: Any, metrics: dict[str, Any], timeline_path: Path) -> str:  # pipe: RoundSettings
     """The one console line per round (README shows one)."""
     m = {k.removeprefix(PREFIX): v for k, v in metrics.items() if k.startswith(PREFIX)}
@@ -73,6 +81,7 @@ def round_line(step: int, pipe: Any, metrics: dict[str, Any], timeline_path: Pat
         f"lp_diff_p50={m.get('rollout_vs_trainer_logprob_diff_p50', float('nan')):.2e} "
         f"lp_diff_p90={m.get('rollout_vs_trainer_logprob_diff_p90', float('nan')):.5f} "
         + (f"reward_errors={m['reward_errors']:.0f} " if m.get("reward_errors") else "")
+        + (f"tool_tokens={m['tool_response_tokens']:.0f} " if m.get("tool_response_tokens") else "")
         + (f"filtered={m['groups_filtered']:.0f} short_by={m['groups_short']:.0f} "
            if pipe.filter_metric is not None else "")
         + f"timeline={timeline_path}"

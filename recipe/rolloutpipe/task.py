@@ -1,15 +1,22 @@
-"""The embedded verifiable task: two-number arithmetic with an exact-answer reward.
+"""The embedded verifiable tasks: two-number arithmetic with an exact-answer reward, answered directly (``arith``)
+or, in the agentic variant (``arith_tool``), optionally through a calculator tool over several turns.
 
 ``compute_score`` follows verl's custom reward function signature (``custom_reward_function.path/name``).
 """
 
 from __future__ import annotations
 
+import json
 import random
 import re
 
 DATA_SOURCE = "rolloutpipe/arith"
+TOOL_DATA_SOURCE = "rolloutpipe/arith_tool"  # the same problems; the model may call the calculator first
+TOOL_NAME = "calc"
 _ANSWER = re.compile(r"-?\d+")
+_EXPRESSION = re.compile(r"^\s*(-?\d{1,6})\s*([+-])\s*(-?\d{1,6})\s*=?\s*$")
+# the role line that opens the model's final turn, as the reward sees it (verl decodes without special tokens)
+_ASSISTANT_TURN = "assistant\n"
 
 
 def make_problem(rng: random.Random) -> tuple[str, str]:
@@ -28,6 +35,22 @@ def demonstration(question: str, answer: str, rng: random.Random, restate_prob: 
     return f"{question}{answer}" if rng.random() < restate_prob else answer
 
 
+def tool_call(question: str) -> str:
+    """What the agentic warm start imitates when it uses the calculator: one hermes-format call with the question as
+    the expression (verl's ``hermes`` tool parser reads it)."""
+    call = {"name": TOOL_NAME, "arguments": {"expr": question.removesuffix("=")}}
+    return f"<tool_call>{json.dumps(call, separators=(',', ':'))}</tool_call>"
+
+
+def evaluate(expr: str) -> str:
+    """The calculator: ``"37+58"`` -> ``"95"``; anything else -> an error text the model sees as the tool's answer."""
+    m = _EXPRESSION.match(str(expr))
+    if not m:
+        return "error: expected a+b or a-b"
+    a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+    return str(a + b if op == "+" else a - b)
+
+
 def extract_answer(solution_str: str) -> str | None:
     m = _ANSWER.search(solution_str)
     return m.group(0) if m else None
@@ -35,6 +58,14 @@ def extract_answer(solution_str: str) -> str | None:
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
     """1.0 if the first integer in the response equals the ground truth, else 0.0."""
-    if data_source != DATA_SOURCE:
-        raise ValueError(f"rolloutpipe task reward got data_source={data_source!r}, expected {DATA_SOURCE!r}")
+    if data_source == TOOL_DATA_SOURCE:
+        # the final turn's first integer: after a tool call the answer is what the model wrote once the tool had
+        # answered (the tool's own output is not the model's answer); a final turn that still calls a tool
+        # (turns or tokens ran out) has no answer
+        solution_str = solution_str.rsplit(_ASSISTANT_TURN, 1)[-1]
+        if "<tool_call>" in solution_str:
+            return 0.0
+    elif data_source != DATA_SOURCE:
+        raise ValueError(f"rolloutpipe task reward got data_source={data_source!r}, expected {DATA_SOURCE!r} or "
+                         f"{TOOL_DATA_SOURCE!r}")
     return 1.0 if extract_answer(solution_str) == str(ground_truth).strip() else 0.0

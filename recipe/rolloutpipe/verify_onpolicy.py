@@ -56,6 +56,7 @@ from verl.trainer.ppo.ray_trainer import apply_kl_penalty
 from .logs import get_logger
 from .provenance import git_commit, machine
 from .rollout_stream import GroupRequest, GroupRolloutStream
+from .round_metrics import tool_turn_tokens
 from .streamed_round import group_rows, request_seed
 from .train_calls import TrainCalls, dp_step_order, grpo_advantages
 
@@ -327,6 +328,10 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
         "rollout_vs_snapshot_logprob_mean_gap": float(((pipe_rollout_lp - rows.batch["old_log_probs"]).abs()
                                                        * pipe_mask).sum() / pipe_mask.sum()),
         "weights_moved": _max_abs_diff(pipe_weights, start_weights),
+        # multi-turn (task=agentic): responses with a tool turn inside (masked out of the loss, as in verl), and
+        # those tokens: the comparison above covered multi-turn trajectories only if these are > 0
+        "responses_with_tool_turns": int((tool_turn_tokens(rows.batch["response_mask"]) > 0).sum()),
+        "tool_response_tokens": int(tool_turn_tokens(rows.batch["response_mask"]).sum()),
         # KL to the reference policy: per-step reference log-probs (pipelined) vs the serial batch's, and how far
         # the reference is from π_old (> 0: the KL term is not trivially zero), verl's kl_loss per step
         "kl_loss": use_ref,
