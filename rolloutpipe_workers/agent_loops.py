@@ -9,6 +9,8 @@ seed, so a round can be regenerated exactly (resume after a failure, reproducibl
 with every turn's request sent with the row's ``priority`` and seed. verl's tool loop sends neither (its single-turn
 loop sends the priority): each turn is a new request to the engine, so without this the second turn of a frontier
 group would queue behind every first turn of the round -- FGD must order turns, not only first requests.
+Registered under verl's own name ``tool_agent`` (config/agent_loops.yaml), so a verl multi-turn config
+(``default_agent_loop=tool_agent`` or rows with ``agent_name: tool_agent``) gets it unchanged.
 """
 
 from __future__ import annotations

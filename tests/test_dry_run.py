@@ -59,6 +59,93 @@ VERL_GRPO_EXAMPLE = {
     "trainer.test_freq": 5,
 }
 
+# verl's multi-turn GSM8K tool example (examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn.sh with its
+# config gsm8k_multiturn_grpo.yaml; the rollout on vLLM, as in verl's tool-agent examples): verl's own agent loop
+# name `tool_agent`, which the recipe maps to its turn-priority subclass (config/agent_loops.yaml)
+VERL_MULTITURN_GSM8K_EXAMPLE = {
+    "algorithm.adv_estimator": "grpo",
+    "data.train_batch_size": 256,
+    "data.max_prompt_length": 1024,
+    "data.max_response_length": 1024,
+    "data.filter_overlong_prompts": True,
+    "data.truncation": "error",
+    "data.return_raw_chat": True,
+    "actor_rollout_ref.model.path": "Qwen/Qwen2.5-3B-Instruct",
+    "actor_rollout_ref.actor.optim.lr": 1e-6,
+    "actor_rollout_ref.model.use_remove_padding": True,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 256,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 40,
+    "actor_rollout_ref.actor.use_kl_loss": True,
+    "actor_rollout_ref.actor.kl_loss_coef": 0.001,
+    "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+    "actor_rollout_ref.actor.entropy_coeff": 0,
+    "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+    "actor_rollout_ref.actor.fsdp_config.param_offload": False,
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": False,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 40,
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
+    "actor_rollout_ref.rollout.name": "vllm",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": 0.5,
+    "actor_rollout_ref.rollout.n": 16,
+    "actor_rollout_ref.rollout.multi_turn.enable": True,
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": 5,
+    "actor_rollout_ref.rollout.multi_turn.format": "hermes",
+    "actor_rollout_ref.rollout.multi_turn.tool_config_path": "examples/sglang_multiturn/config/tool_config/"
+                                                             "gsm8k_tool_config.yaml",
+    "actor_rollout_ref.rollout.agent.default_agent_loop": "tool_agent",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 40,
+    "actor_rollout_ref.ref.fsdp_config.param_offload": True,
+    "algorithm.use_kl_in_reward": False,
+    "trainer.critic_warmup": 0,
+    "trainer.n_gpus_per_node": 8,
+    "trainer.nnodes": 1,
+    "trainer.save_freq": -1,
+    "trainer.test_freq": 20,
+    "trainer.total_epochs": 15,
+}
+
+# verl's LoRA GRPO example (examples/grpo_trainer/run_qwen2_5-3b_gsm8k_grpo_lora.sh)
+VERL_LORA_GRPO_EXAMPLE = {
+    "algorithm.adv_estimator": "grpo",
+    "trainer.val_before_train": False,
+    "data.train_batch_size": 16,
+    "data.max_prompt_length": 512,
+    "data.max_response_length": 1024,
+    "data.filter_overlong_prompts": True,
+    "data.truncation": "error",
+    "data.shuffle": False,
+    "actor_rollout_ref.model.path": "Qwen/Qwen2.5-3B-Instruct",
+    "actor_rollout_ref.model.lora_rank": 64,
+    "actor_rollout_ref.model.lora_alpha": 32,
+    "actor_rollout_ref.actor.optim.lr": 3e-6,
+    "actor_rollout_ref.model.use_remove_padding": True,
+    "actor_rollout_ref.actor.ppo_mini_batch_size": 16,
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 40,
+    "actor_rollout_ref.actor.use_kl_loss": True,
+    "actor_rollout_ref.actor.kl_loss_coef": 0.001,
+    "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+    "actor_rollout_ref.actor.entropy_coeff": 0,
+    "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+    "actor_rollout_ref.actor.fsdp_config.param_offload": False,
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": False,
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 40,
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
+    "actor_rollout_ref.rollout.name": "vllm",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": 0.6,
+    "actor_rollout_ref.rollout.n": 5,
+    "actor_rollout_ref.rollout.load_format": "safetensors",
+    "actor_rollout_ref.rollout.layered_summon": True,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 40,
+    "actor_rollout_ref.ref.fsdp_config.param_offload": True,
+    "algorithm.use_kl_in_reward": False,
+    "trainer.critic_warmup": 0,
+    "trainer.n_gpus_per_node": 2,
+    "trainer.nnodes": 1,
+    "trainer.save_freq": 20,
+    "trainer.test_freq": 5,
+    "trainer.total_epochs": 15,
+}
+
 
 def _overrides(keys: dict) -> list[str]:
     return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in keys.items()]
@@ -82,6 +169,14 @@ def test_verl_grpo_example_keys_survive_on_gpu(capsys):
     assert resolved.trainer.device == "cuda" and resolved.actor_rollout_ref.rollout.enforce_eager is False
     assert resolved.actor_rollout_ref.hybrid_engine is False and resolved.rolloutpipe.platform == "gpu"
     assert resolved.actor_rollout_ref.model.override_config == {}  # verl's flash attention, not sdpa
+
+
+@pytest.mark.parametrize("example", [VERL_MULTITURN_GSM8K_EXAMPLE, VERL_LORA_GRPO_EXAMPLE],
+                         ids=["multiturn_gsm8k_tool", "lora_grpo"])
+def test_verl_multiturn_and_lora_examples_keep_every_key(example, capsys):
+    resolved = OmegaConf.create(_dry_run(["platform=gpu", *_overrides(example)], capsys))
+    assert {k: OmegaConf.select(resolved, k) for k in example} == example
+    assert resolved.rolloutpipe.trainer == "rolloutpipe" and resolved.actor_rollout_ref.hybrid_engine is True
 
 
 def test_layout_fills_only_what_the_user_left(capsys):
