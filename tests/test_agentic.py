@@ -1,5 +1,6 @@
 """The agentic embedded task (task=agentic): its reward, its tool, and the warm start's turn format against verl's
-own multi-turn token builder. The real-stack runs are in tests/test_agentic_stack.py."""
+own multi-turn token builder. On the real stack: tests/test_rolloutpipe_e2e.py (a streamed run with verl's GRPO
+example keys, and the exactness check)."""
 
 from __future__ import annotations
 

@@ -53,13 +53,14 @@ NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 
 
 # two stack runs, each checking several things (a stack start-up is ~100 s of the suite): the hold frontier with the
-# measured width and verl's dynamic sampling; priority admission with verl's GRPO example keys and validation.
+# measured width and verl's dynamic sampling; priority admission with verl's GRPO example keys and validation, on
+# the agentic task (task=agentic: verl's multi-turn ToolAgentLoop, a calculator tool with heavy-tailed latency).
 # sync: tests/test_resume.py (its uninterrupted run checks sync's rounds)
 @pytest.mark.parametrize("extra", [
     ["rolloutpipe.fgd_strength=hold", "rolloutpipe.frontier_width=auto", *DYNAMIC_SAMPLING, *NO_VALIDATION],
-    ["rolloutpipe.fgd_strength=priority", "actor_rollout_ref.rollout.scheduling_policy=priority",
+    ["task=agentic", "rolloutpipe.fgd_strength=priority", "actor_rollout_ref.rollout.scheduling_policy=priority",
      "trainer.val_before_train=false", *VERL_GRPO_KEYS],
-], ids=["hold-auto-filter_groups", "priority-verl_grpo_keys"])
+], ids=["hold-auto-filter_groups", "agentic-priority-verl_grpo_keys"])
 @pytest.mark.real_stack(runs=1)
 def test_streaming_rounds(tmp_path, extra):
     mode = "cgp_fgd"
@@ -121,6 +122,15 @@ def test_streaming_rounds(tmp_path, extra):
     assert len(record["round_rewards"]) == record["rounds"] == 2 and record["mode"] == mode
     assert record["wall_s"] > 0 and len(record["git_commit"]) >= 40 and "trainer.total_training_steps=2" in \
         record["overrides"]
+    if "task=agentic" in extra:
+        # multi-turn groups: the warm start calls the tool in some answers, so every round trains responses with a
+        # tool's turn inside (masked out of the loss); on the model's own tokens vLLM's log-probs are the trainer's
+        tool = [int(x) for x in re.findall(r"\[rolloutpipe\] round \d+ .*?tool_tokens=(\d+) ", log)]
+        gap = [float(x) for x in re.findall(r"\[rolloutpipe\] round \d+ .*?lp_diff_p50=([0-9.e+-]+) ", log)]
+        assert len(tool) == 2 and min(tool) > 0 and len(gap) == 2 and max(gap) <= 5e-5, (tool, gap)
+        # verl's agent-loop metric: trajectories of four turns (call, tool's answer, final answer + the prompt)
+        turns = [float(x) for x in re.findall(r" num_turns/max:(?:np\.\w+\()?([0-9.]+)", log)]
+        assert len(turns) == 2 and max(turns) >= 4, turns
     if DYNAMIC_SAMPLING[0] in extra:
         # the embedded default has groups without reward variance: the filter had work, and none trained is one
         assert sum(int(r[2]) for r in rounds) > 0, rounds
