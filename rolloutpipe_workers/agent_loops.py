@@ -39,10 +39,8 @@ class TurnPriorityClient:
     def __init__(self, client: Any, priority: int) -> None:
         self._client = client
         self.priority = priority
-        self.requests = 0  # turns sent
 
     async def generate(self, *args, **kwargs):
-        self.requests += 1
         return await self._client.generate(*args, **{"priority": self.priority, **kwargs})
 
     def __getattr__(self, name: str) -> Any:

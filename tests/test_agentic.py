@@ -92,3 +92,24 @@ def test_the_agentic_default_is_shipped_and_learnable():
     # RL has something to learn: groups disagree, and greedy answers are mostly wrong before it
     assert info["nonzero_variance_fraction"] >= 0.3 and info["greedy_reward"] < 0.5, info
     assert 0.05 <= info["tool_call_fraction"] <= 0.6, info  # the warm start sometimes calls the tool
+
+
+def test_every_turn_goes_to_the_engine_with_the_trajectory_priority():
+    """verl's tool loop calls its client's ``generate`` once per turn without a priority; the recipe's client adds
+    the trajectory's (FGD's order for its group) to each, and keeps one a caller gives explicitly. The client here
+    only records what verl's LLM client would receive."""
+    from rolloutpipe_workers.agent_loops import TurnPriorityClient
+
+    class Recorder:
+        calls: list[dict] = []
+        name = "llm-client"
+
+        async def generate(self, request_id, **kwargs):
+            self.calls.append({"request_id": request_id, **kwargs})
+            return len(self.calls)
+
+    client = TurnPriorityClient(Recorder(), priority=7)
+    turns = [asyncio.run(client.generate("r", prompt_ids=[1, 2], sampling_params={})) for _ in range(3)]
+    explicit = asyncio.run(client.generate("r", prompt_ids=[1], sampling_params={}, priority=2))
+    assert turns == [1, 2, 3] and explicit == 4
+    assert [c["priority"] for c in Recorder.calls] == [7, 7, 7, 2] and client.name == "llm-client"

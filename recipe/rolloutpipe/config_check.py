@@ -7,6 +7,7 @@ from omegaconf import DictConfig, OmegaConf
 from .pipeline.frontier import resolve_frontier_width
 from .pipeline.modes import AUTO_WIDTH, ENGINE_WIDTH, TRAINER_MODES, FgdStrength, Mode, TrainUnit
 from .pipeline.settings import RoundSettings, resolve_round_settings
+from .prepare import TASKS
 
 
 class RolloutPipeConfigError(ValueError):
@@ -74,7 +75,7 @@ def validate(cfg: DictConfig) -> RoundSettings:
     if gap is not None and not (isinstance(gap, (int, float)) and gap > 0):
         errors.append(f"rolloutpipe.max_logprob_gap_p50={gap!r}: use a positive log-prob difference (5e-5 on CPU "
                       "fp32) or null to disable the check")
-    if rp.embedded_task not in ("arith", "arith_tool"):
+    if rp.embedded_task not in TASKS:
         errors.append(f"rolloutpipe.embedded_task={rp.embedded_task!r}: use arith (single turn) or arith_tool (the "
                       "calculator tool; task=agentic sets it with verl's multi-turn keys)")
     events = rp.ray_task_events_in_gcs
