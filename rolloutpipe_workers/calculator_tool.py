@@ -1,34 +1,23 @@
 """The agentic embedded task's environment: verl native tool ``calc`` (``a+b`` / ``a-b``) that answers after a
 latency drawn from a seeded heavy-tailed distribution, like a sandbox or a web call.
 
-The latency is log-normal: median ``latency_p50_s``, shape ``latency_sigma`` (p99/p50 = exp(2.326 sigma): 12.9x at
-sigma 1.1), capped at ``latency_max_s``. It is a function of (``seed``, the expression) only, so every mode and
-every rerun waits the same time for the same call -- paired rounds in the bench compare like with like -- and the K
-samples of a prompt that call the tool share their prompt's environment time. Configured in the tool file
-(config/tools/calculator.yaml, verl's ``multi_turn.tool_config_path`` format).
+The latency is ``task.environment_latency_s`` of (``seed``, the expression): log-normal, median ``latency_p50_s``,
+shape ``latency_sigma`` (p99/p50 = 12.9x at sigma 1.1), capped at ``latency_max_s``; every mode and every rerun waits
+the same time for the same call, and the K samples of a prompt that call the tool share their prompt's environment
+time. Configured in the tool file (config/tools/calculator.yaml, verl's ``multi_turn.tool_config_path`` format).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import math
-import statistics
 from typing import Any
 
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from recipe.rolloutpipe.task import evaluate
+from recipe.rolloutpipe.task import environment_latency_s, evaluate
 
 LATENCY_KEYS = ("seed", "latency_p50_s", "latency_sigma", "latency_max_s")
-
-
-def tool_latency_s(seed: float, expr: str, p50_s: float, sigma: float, max_s: float) -> float:
-    """The call's latency: the log-normal quantile of a uniform hashed from (seed, expr)."""
-    digest = hashlib.sha256(f"{seed}:{expr}".encode()).digest()
-    u = (int.from_bytes(digest[:8], "big") + 0.5) / 2**64
-    return min(max_s, p50_s * math.exp(sigma * statistics.NormalDist().inv_cdf(u)))
 
 
 class CalculatorTool(BaseTool):
@@ -42,6 +31,6 @@ class CalculatorTool(BaseTool):
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs) -> tuple[ToolResponse, float, dict]:
         expr = str(parameters.get("expr", ""))
-        latency = tool_latency_s(self.seed, expr, self.p50_s, self.sigma, self.max_s)
+        latency = environment_latency_s(self.seed, expr, self.p50_s, self.sigma, self.max_s)
         await asyncio.sleep(latency)
         return ToolResponse(text=evaluate(expr)), 0.0, {"latency_s": latency}

@@ -54,13 +54,14 @@ NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 
 # two stack runs, each checking several things (a stack start-up is ~100 s of the suite): the hold frontier with the
 # measured width and verl's dynamic sampling; priority admission with verl's GRPO example keys and validation, on
-# the agentic task (task=agentic: verl's multi-turn ToolAgentLoop, a calculator tool with heavy-tailed latency).
+# the agentic task (task=agentic: verl's multi-turn ToolAgentLoop, a calculator tool with heavy-tailed latency)
+# scored by a slow async reward (reward_fn=sandbox: a seeded heavy-tailed latency per response).
 # sync: tests/test_resume.py (its uninterrupted run checks sync's rounds)
 @pytest.mark.parametrize("extra", [
     ["rolloutpipe.fgd_strength=hold", "rolloutpipe.frontier_width=auto", *DYNAMIC_SAMPLING, *NO_VALIDATION],
-    ["task=agentic", "rolloutpipe.fgd_strength=priority", "actor_rollout_ref.rollout.scheduling_policy=priority",
-     "trainer.val_before_train=false", *VERL_GRPO_KEYS],
-], ids=["hold-auto-filter_groups", "agentic-priority-verl_grpo_keys"])
+    ["task=agentic", "reward_fn=sandbox", "rolloutpipe.fgd_strength=priority",
+     "actor_rollout_ref.rollout.scheduling_policy=priority", "trainer.val_before_train=false", *VERL_GRPO_KEYS],
+], ids=["hold-auto-filter_groups", "agentic_sandbox_reward-priority-verl_grpo_keys"])
 @pytest.mark.real_stack(runs=1)
 def test_streaming_rounds(tmp_path, extra):
     mode = "cgp_fgd"
@@ -131,6 +132,13 @@ def test_streaming_rounds(tmp_path, extra):
         # verl's agent-loop metric: trajectories of four turns (call, tool's answer, final answer + the prompt)
         turns = [float(x) for x in re.findall(r" num_turns/max:(?:np\.\w+\()?([0-9.]+)", log)]
         assert len(turns) == 2 and max(turns) >= 4, turns
+        # the slow async reward: every response scored on the rollout side (its call's seconds on the round line and
+        # per group in the timeline), and still trainer work overlapped the rollout (above: first_train < last_ready)
+        calls = [float(x) for x in re.findall(r"\[rolloutpipe\] round \d+ .*?reward_call_p50=([0-9.]+)s ", log)]
+        assert len(calls) == 2 and min(calls) > 0.05, calls
+        for i in (1, 2):
+            tl = json.loads((tmp_path / "tl" / f"round{i:04d}_{mode}.json").read_text())
+            assert all(g["reward_s"] > 0 for g in tl["groups"] if g["state"] == "consumed"), tl["groups"]
     if DYNAMIC_SAMPLING[0] in extra:
         # the embedded default has groups without reward variance: the filter had work, and none trained is one
         assert sum(int(r[2]) for r in rounds) > 0, rounds

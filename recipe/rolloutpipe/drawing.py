@@ -20,6 +20,9 @@ _PHASES = (
     ("in FIFO", "materialized", "dispatched", "#c7e9c0"),
     ("training", "dispatched", "consumed", "#55a868"),
 )
+# the slowest response's reward call, inside "generating" (scored on the rollout side as each trajectory ends): drawn
+# over the end of that phase, when the reward guard measured it
+_REWARD_CALL = ("reward call (slowest)", "#937860")
 
 
 def write_timeline(timeline: RoundTimeline, out_dir: str | Path, stem: str, png: bool = True) -> list[Path]:
@@ -42,7 +45,7 @@ def chrome_trace(timeline: RoundTimeline, name: str = "round") -> dict[str, Any]
     for g in timeline.groups:
         ev.append({"ph": "M", "pid": 1, "tid": g["order"], "name": "thread_name",
                    "args": {"name": f"group {g['order']}"}})
-        for label, a, b in _group_phases(g["times"]):
+        for label, a, b in _group_phases(g):
             ev.append({"ph": "X", "pid": 1, "tid": g["order"], "name": label, "ts": a * us, "dur": (b - a) * us})
     for iv in timeline.intervals:
         ev.append({"ph": "X", "pid": 2, "tid": 0, "name": f"{iv.kind} {_steps_label(iv)}", "ts": iv.start * us,
@@ -53,13 +56,15 @@ def chrome_trace(timeline: RoundTimeline, name: str = "round") -> dict[str, Any]
     return {"traceEvents": ev, "displayTimeUnit": "ms"}
 
 
-def _group_phases(t: dict[str, float]) -> list[tuple[str, float, float]]:
-    out = []
+def _group_phases(group: dict[str, Any]) -> list[tuple[str, float, float]]:
+    t, out = group["times"], []
     for label, a, b, _ in _PHASES:
         ends = (b,) if isinstance(b, str) else b
         end = next((t[e] for e in ends if e in t), None)
         if a in t and end is not None:
             out.append((label, t[a], end))
+    if group.get("reward_s") and "serving_complete" in t:
+        out.append((_REWARD_CALL[0], t["serving_complete"] - group["reward_s"], t["serving_complete"]))
     return out
 
 
@@ -77,14 +82,15 @@ def plot_gantt(timelines: list[RoundTimeline], labels: list[str], path: str | Pa
 
     fig, axes = plt.subplots(len(timelines), 1, figsize=(11, 2.2 + 2.4 * len(timelines)), squeeze=False,
                              sharex=True)
-    colors = {label: c for label, _, _, c in _PHASES}
+    colors = {label: c for label, _, _, c in _PHASES} | {_REWARD_CALL[0]: _REWARD_CALL[1]}
     for ax, tl, label in zip(axes[:, 0], timelines, labels, strict=False):
         admits = [g["times"]["admitted"] for g in tl.groups if "admitted" in g["times"]]
         t0 = min(admits) if admits else 0.0
         n = len(tl.groups)
         for g in tl.groups:
-            for phase, a, b in _group_phases(g["times"]):
-                ax.barh(g["order"] + 1, b - a, left=a - t0, color=colors[phase], height=0.8)
+            for phase, a, b in _group_phases(g):
+                slim = phase == _REWARD_CALL[0]  # over the end of "generating"
+                ax.barh(g["order"] + 1, b - a, left=a - t0, color=colors[phase], height=0.4 if slim else 0.8)
         for iv in tl.intervals:
             ax.barh(0, iv.end - iv.start, left=iv.start - t0, color="#8c1c13" if iv.kind == "train" else "#999",
                     height=0.8, edgecolor="white", linewidth=0.5)
@@ -98,8 +104,10 @@ def plot_gantt(timelines: list[RoundTimeline], labels: list[str], path: str | Pa
                      f"trainer wait {100 * m.get(PREFIX + 'trainer_wait_ratio', math.nan):.0f}%", fontsize=10)
     axes[-1, 0].set_xlabel("seconds since the round's first admission")
     handles = [Patch(color=c, label=lbl) for lbl, _, _, c in _PHASES]
+    if any(g.get("reward_s") for tl in timelines for g in tl.groups):
+        handles.append(Patch(color=_REWARD_CALL[1], label=_REWARD_CALL[0]))
     handles += [Patch(color="#8c1c13", label="trainer busy"), Patch(color="#ffbf00", label="publish")]
-    fig.legend(handles=handles, loc="lower center", ncol=7, fontsize=8)
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -64,15 +64,18 @@ def apply_reward_guard(config: DictConfig) -> None:
     """Route verl's custom reward function through recipe/rolloutpipe/reward_guard.py (policy for bad rewards)."""
     guard = config.rolloutpipe.reward_guard
     fn = config.reward.custom_reward_function
-    if not guard.enable or fn.path is None or fn.get("name") == "guarded_score":
+    if not guard.enable or fn.path is None or fn.get("name") in ("guarded_score", "guarded_score_async"):
         return
     if guard.on_error not in ("zero", "raise"):
         raise SystemExit(f"rolloutpipe: rolloutpipe.reward_guard.on_error={guard.on_error!r}: use zero or raise")
+    from .reward_guard import is_async
+
+    guarded = "guarded_score_async" if is_async(fn.path, fn.name) else "guarded_score"  # verl keeps the kind
     kwargs = {**(fn.get("reward_kwargs") or {}), "user_path": fn.path, "user_name": fn.name,
               "on_error": guard.on_error, "timeout_s": float(guard.timeout_s)}
     with open_dict(config):
         fn.path = str(Path(__file__).with_name("reward_guard.py"))
-        fn.name = "guarded_score"
+        fn.name = guarded
         fn.reward_kwargs = kwargs
 
 

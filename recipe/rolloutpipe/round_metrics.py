@@ -47,6 +47,10 @@ def round_metrics(timeline: RoundTimeline, trained: list[DataProto], step_output
         metrics[f"{PREFIX}response_length/step{s}"] = float(chunk.mean())
     if "reward_error" in batch.non_tensor_batch:
         metrics[PREFIX + "reward_errors"] = float(np.sum(batch.non_tensor_batch["reward_error"].astype(float)))
+    if "reward_s" in batch.non_tensor_batch:  # each response's reward call, on the rollout side (reward guard)
+        seconds = batch.non_tensor_batch["reward_s"].astype(float)
+        metrics[PREFIX + "reward_call_s_p50"] = float(np.median(seconds))
+        metrics[PREFIX + "reward_call_s_max"] = float(np.max(seconds))
     if snapshot and "rollout_log_probs" in batch.batch.keys():
         # vLLM's log-probs vs the trainer's under the same weights v: small only if the publish reached vLLM
         gap = (batch.batch["rollout_log_probs"] - batch.batch["old_log_probs"]).abs() * mask.float()
@@ -83,6 +87,7 @@ def round_line(step: int, pipe: Any, metrics: dict[str, Any], timeline_path: Pat
         f"lp_diff_p90={m.get('rollout_vs_trainer_logprob_diff_p90', float('nan')):.5f} "
         + (f"reward_errors={m['reward_errors']:.0f} " if m.get("reward_errors") else "")
         + (f"tool_tokens={m['tool_response_tokens']:.0f} " if m.get("tool_response_tokens") else "")
+        + (f"reward_call_p50={m['reward_call_s_p50']:.2f}s " if m.get("reward_call_s_p50", 0) >= 0.01 else "")
         + (f"filtered={m['groups_filtered']:.0f} short_by={m['groups_short']:.0f} "
            if pipe.filter_metric is not None else "")
         + f"timeline={timeline_path}"

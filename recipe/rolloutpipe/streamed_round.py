@@ -154,6 +154,8 @@ class StreamedRound:
                     rnd.served(gid)
                     with marked_timer("rolloutpipe/materialize", self.rollout_timing):
                         rows = self.materialize(self.prompts.row(gid), out)
+                    if "reward_s" in rows.non_tensor_batch:  # the reward guard's per-response call seconds
+                        rnd.ledger.group(gid).reward_s = float(np.max(rows.non_tensor_batch["reward_s"].astype(float)))
                     metric = self.settings.filter_metric  # dynamic sampling (verl's algorithm.filter_groups)
                     if metric is None or keep_if_metric_varies(rows, metric)[0]:
                         self.trainable[gid] = rows

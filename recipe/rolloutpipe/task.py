@@ -1,14 +1,20 @@
 """The embedded verifiable tasks: two-number arithmetic with an exact-answer reward, answered directly (``arith``)
 or, in the agentic variant (``arith_tool``), optionally through a calculator tool over several turns.
 
-``compute_score`` follows verl's custom reward function signature (``custom_reward_function.path/name``).
+``compute_score`` follows verl's custom reward function signature (``custom_reward_function.path/name``);
+``compute_score_sandbox`` is the same reward as an ``async`` function that answers after a seeded heavy-tailed
+latency, like a sandbox or a judge (``reward_fn=sandbox``: config/reward_fn/sandbox.yaml, docs/agentic.md).
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
+import math
 import random
 import re
+import statistics
 
 DATA_SOURCE = "rolloutpipe/arith"
 TOOL_DATA_SOURCE = "rolloutpipe/arith_tool"  # the same problems; the model may call the calculator first
@@ -51,6 +57,16 @@ def evaluate(expr: str) -> str:
     return str(a + b if op == "+" else a - b)
 
 
+def environment_latency_s(seed: float, key: str, p50_s: float, sigma: float, max_s: float) -> float:
+    """An environment's latency (tool call, sandboxed reward) for ``key``: log-normal with median ``p50_s`` and shape
+    ``sigma`` (p99/p50 = exp(2.326 sigma): 12.9x at sigma 1.1), capped at ``max_s``. A function of (``seed``,
+    ``key``) only -- the quantile of a uniform hashed from both -- so every mode and every rerun waits the same time
+    for the same call, and paired bench rounds compare like with like."""
+    digest = hashlib.sha256(f"{seed}:{key}".encode()).digest()
+    u = (int.from_bytes(digest[:8], "big") + 0.5) / 2**64
+    return min(max_s, p50_s * math.exp(sigma * statistics.NormalDist().inv_cdf(u)))
+
+
 def extract_answer(solution_str: str) -> str | None:
     m = _ANSWER.search(solution_str)
     return m.group(0) if m else None
@@ -69,3 +85,13 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
         raise ValueError(f"rolloutpipe task reward got data_source={data_source!r}, expected {DATA_SOURCE!r} or "
                          f"{TOOL_DATA_SOURCE!r}")
     return 1.0 if extract_answer(solution_str) == str(ground_truth).strip() else 0.0
+
+
+async def compute_score_sandbox(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+                                *, seed: float, latency_p50_s: float, latency_sigma: float,
+                                latency_max_s: float) -> float:
+    """``compute_score`` behind a slow environment: the score comes back after ``environment_latency_s`` of
+    (``seed``, the response), awaited without holding a thread -- verl's reward loop awaits an ``async`` reward
+    function, so many responses are scored at once while the engine goes on generating."""
+    await asyncio.sleep(environment_latency_s(seed, solution_str, latency_p50_s, latency_sigma, latency_max_s))
+    return compute_score(data_source, solution_str, ground_truth, extra_info)

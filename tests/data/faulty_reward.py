@@ -21,3 +21,22 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
         time.sleep(1.0)  # beyond the test's timeout_s
         SLOW_CALLS_FINISHED += 1
     return real_score(data_source, solution_str, ground_truth, extra_info)
+
+
+CALL_LOG: list[tuple[str, float, float]] = []  # (response, start, end) of every async call that ended
+
+
+async def compute_score_async(data_source, solution_str, ground_truth, extra_info=None, *, delay_s=0.0, **kwargs):
+    """The same faults from an ``async`` reward function (a sandbox or judge client); ``delay_s``: its latency."""
+    import asyncio
+
+    start = time.monotonic()
+    key = sum(map(ord, solution_str)) % 10
+    if key == 3:
+        delay_s = max(delay_s, 1.0)  # beyond the test's timeout_s: the guard cancels it
+    await asyncio.sleep(delay_s)
+    if key == 0:
+        raise RuntimeError("reward service unavailable")
+    score = math.nan if key == 1 else None if key == 2 else real_score(data_source, solution_str, ground_truth)
+    CALL_LOG.append((solution_str, start, time.monotonic()))
+    return score

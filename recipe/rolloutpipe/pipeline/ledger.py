@@ -67,6 +67,9 @@ class GroupRecord:
     resends: int = 0  # times its requests were lost with a rollout replica and sent again
     step_index: int | None = None
     trained_version: int | None = None  # the trainer's weight version when it consumed the group (= version)
+    # seconds of its slowest response's reward call, scored on the rollout side before the group came back (the
+    # reward guard measures each call; None when the guard is off)
+    reward_s: float | None = None
     times: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -89,7 +89,8 @@ class RoundTimeline:
         assert self.ledger is not None
         return [
             {"order": g.order, "state": g.state.value, "step_index": g.step_index, "resends": g.resends,
-             "version": g.version, "trained_version": g.trained_version, "times": dict(g.times)}
+             "version": g.version, "trained_version": g.trained_version, "reward_s": g.reward_s,
+             "times": dict(g.times)}
             for g in self.ledger.groups
         ]
 
