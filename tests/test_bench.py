@@ -13,12 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from recipe.rolloutpipe.bench.agent_loop import parse_lengths
+from recipe.rolloutpipe.bench.agent_loop import PrescribedToolCalls, parse_lengths
 from recipe.rolloutpipe.bench.pinning import cpu_category, descendants, this_ray_node
 from recipe.rolloutpipe.bench.report import markdown, overlap_efficiency_vs_stock, rollout_vs_r, summarize
 from recipe.rolloutpipe.bench.runner import rotated
 from recipe.rolloutpipe.mode_specs import ModeSpec, parse_mode_spec
-from recipe.rolloutpipe.workloads import LengthProfile, describe, round_lengths
+from recipe.rolloutpipe.workloads import (
+    LengthProfile,
+    TurnProfile,
+    describe,
+    describe_turns,
+    profile_from_mapping,
+    round_lengths,
+    round_turn_plans,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 LONGTAIL = LengthProfile.from_mapping("t", {"alpha": 1.2, "beta": 2.5, "min_frac": 0.1, "gamma": 1.0,
@@ -55,6 +63,43 @@ def test_profile_config_errors_name_the_keys():
         LengthProfile.from_mapping("w", {"alpha_": 1, "beta": 1, "min_frac": 0.1, "gamma": 1, "sigma_within": 0.1,
                                          "cap_prob": 0.1})
     assert parse_lengths("3,17,192") == [3, 17, 192]
+
+
+AGENTIC = {"kind": "multi_turn", "alpha": 1.2, "beta": 2.5, "min_frac": 0.15, "sigma_within": 0.4, "max_calls": 2,
+           "call_prob": 0.6, "latency_p50_s": 0.4, "latency_sigma": 1.1, "latency_max_s": 1000.0}
+
+
+def test_turn_plans_fit_the_cap_and_have_a_heavy_tailed_environment():
+    profile = profile_from_mapping("a", AGENTIC)
+    single = {k: v for k, v in LONGTAIL.__dict__.items() if k != "name"}
+    assert isinstance(profile, TurnProfile) and isinstance(profile_from_mapping("t", single), LengthProfile)
+    plans = round_turn_plans(profile, seed=1, num_groups=300, k=8, cap=192)
+    assert plans == round_turn_plans(profile, seed=1, num_groups=300, k=8, cap=192)
+    assert plans != round_turn_plans(profile, seed=2, num_groups=300, k=8, cap=192)
+    flat = [p for g in plans for p in g]
+    assert all(len(g) == 8 for g in plans)
+    for p in flat:  # calls + 1 model turns, each within the turn cap, all of them and the tool turns within the cap
+        assert len(p["lengths"]) == len(p["latencies"]) + 1 <= 3
+        assert all(2 <= n <= profile.turn_cap(192) for n in p["lengths"])
+        assert sum(p["lengths"]) + len(p["latencies"]) * profile.tool_turn_tokens + 4 * len(p["lengths"]) <= 192
+    d = describe_turns(plans)
+    assert 1.1 < d["mean_tool_calls"] < 1.3 and 0.8 < d["responses_with_calls"] < 0.9  # Binomial(2, 0.6)
+    assert d["latency_p50_s"] == pytest.approx(0.4, rel=0.15)
+    assert d["latency_p99_s"] / d["latency_p50_s"] > 10  # the heavy tail: exp(2.326 * 1.1) = 12.9x
+    with pytest.raises(ValueError, match=r"'w'.*unknown keys \['calls'\].*missing \['max_calls'\]"):
+        profile_from_mapping("w", {**{k: v for k, v in AGENTIC.items() if k != "max_calls"}, "calls": 1})
+    with pytest.raises(ValueError, match="kind='agents', expected single_turn or multi_turn"):
+        profile_from_mapping("w", {**AGENTIC, "kind": "agents"})
+
+
+def test_a_planned_trajectory_calls_the_tool_as_planned():
+    import asyncio
+
+    parser = PrescribedToolCalls({"lengths": [5, 7, 3], "latencies": [0.25, 2.0]})
+    calls = [asyncio.run(parser.extract_tool_calls([1, 2, 3]))[1] for _ in range(3)]
+    assert [[(c.name, json.loads(c.arguments)) for c in turn] for turn in calls] == [
+        [("wait", {"seconds": 0.25})], [("wait", {"seconds": 2.0})], []]
+    assert parser.stop_token_ids == []  # a turn ends at its planned length, not at a tool parser's stop token
 
 
 def _round(end: float, wait: float, first: float, busy: float, rollout: float, i: int = 1,

@@ -1,7 +1,8 @@
-"""``python -m recipe.rolloutpipe.bench [--quick | --headline] [--json OUT] [key=value ...]``: verl's own trainer
-(``stock``) vs sync vs CGP vs CGP+FGD side by side on the real stack (disaggregated layout, rollout pool and trainer
-pool pinned to separate cores), interleaved round by round, with paired bootstrap CIs. ``--headline``: the quick
-setting in fresh launches, summarized in docs/results/headline.json and the README's table (bench/headline.py).
+"""``python -m recipe.rolloutpipe.bench [--quick | --headline | --agentic] [--json OUT] [key=value ...]``: verl's
+own trainer (``stock``) vs sync vs CGP vs CGP+FGD side by side on the real stack (disaggregated layout, rollout pool
+and trainer pool pinned to separate cores), interleaved round by round, with paired bootstrap CIs. ``--headline``:
+the quick setting in fresh launches, summarized in docs/results/headline.json and the README's table
+(bench/headline.py). ``--agentic``: the multi-turn workload (verl's tool agent loop; stock runs the same loop).
 
 Writes docs/results/bench.json (records), bench.md (table), bench_bars.png, timelines_<workload>_R<R>.png and the
 per-round timelines; ``--json OUT`` also writes the records to OUT. Trailing ``key=value`` override
@@ -29,14 +30,16 @@ from .pinning import pool_env
 from .report import write_all
 
 
-def load_config(quick: bool, overrides: list[str]):
-    """config/rolloutpipe.yaml, then config/rolloutpipe_bench.yaml, then --quick, then ``key=value`` overrides."""
+def load_config(quick: bool, overrides: list[str], preset: str | None = None):
+    """config/rolloutpipe.yaml, then config/rolloutpipe_bench.yaml, then the preset (--quick: ``quick``, --agentic:
+    ``agentic``), then ``key=value`` overrides."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose(config_name="rolloutpipe")
     with open_dict(cfg):
         cfg = OmegaConf.merge(cfg, OmegaConf.load(Path(CONFIG_DIR) / "rolloutpipe_bench.yaml"))
-        if quick:
-            cfg = OmegaConf.merge(cfg, {"rolloutpipe": {"bench": cfg.rolloutpipe.bench.quick}})
+        preset = preset or ("quick" if quick else None)
+        if preset:
+            cfg = OmegaConf.merge(cfg, {"rolloutpipe": {"bench": cfg.rolloutpipe.bench[preset]}})
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
         cfg.rolloutpipe.bench.out_dir = str(Path(cfg.rolloutpipe.bench.out_dir).resolve())
     return cfg
@@ -49,6 +52,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--headline", action="store_true",
                     help="the quick setting in fresh launches (rolloutpipe.bench.headline: runs x rounds), summarized "
                          "in docs/results/headline.json and the README's table (about 30 minutes on 2 cores)")
+    ap.add_argument("--agentic", action="store_true",
+                    help="every mode on the multi-turn workload agentic-longtail (verl's tool agent loop, prescribed "
+                         "turns and tool latencies), R=16, 10 rounds -> docs/results/agentic/ (about 15 minutes)")
     ap.add_argument("--allow-dirty", action="store_true", help="--headline on a tree that differs from its commit")
     ap.add_argument("--json", type=Path, default=None, help="also write the summary records here")
     ap.add_argument("overrides", nargs="*", help="key=value overrides (verl / rolloutpipe keys)")
@@ -65,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         print(headline.readme_table(result))
         print(f"[rolloutpipe bench] headline -> {out}; README table regenerated")
         return
-    cfg = load_config(args.quick, args.overrides)
+    cfg = load_config(args.quick, args.overrides, "agentic" if args.agentic else None)
     apply_layout(cfg)
     from ..config_check import RolloutPipeConfigError, validate
 
@@ -112,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         "max_num_seqs": int(cfg.actor_rollout_ref.rollout.max_num_seqs), "modes": list(bench.modes),
         "rollout_cpus": list(bench.rollout_cpus), "trainer_cpus": list(bench.trainer_cpus),
         "orchestration": bench.get("orchestration"), "warmup_rounds": int(bench.warmup_rounds),
-        "rounds": int(bench.rounds), "quick": args.quick,
+        "rounds": int(bench.rounds), "quick": args.quick, "preset": "agentic" if args.agentic else None,
         "seed": int(bench.seed), "max_prompt_length": int(cfg.data.max_prompt_length),
         "overrides": list(args.overrides),  # what a result ran on beyond the configs (its data files, R, modes)
         "profiles": OmegaConf.to_container(bench.profiles), "machine": f"{platform.machine()} {len(cores)} cores",

@@ -9,6 +9,7 @@ so the ratios are paired per round and come from one run on one machine state.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -21,16 +22,25 @@ from ..logs import get_logger
 from ..mode_specs import parse_mode_spec
 from ..pipeline import PREFIX, RoundSettings
 from ..pipeline.modes import STOCK
-from ..workloads import LengthProfile, describe, round_lengths
-from .agent_loop import AGENT_NAME, LENGTHS_COLUMN
+from ..workloads import (
+    LengthProfile,
+    TurnProfile,
+    describe,
+    describe_turns,
+    profile_from_mapping,
+    round_lengths,
+    round_turn_plans,
+)
+from .agent_loop import AGENT_NAME, LENGTHS_COLUMN, PLANS_COLUMN, TURN_AGENT_NAME
 from .verl_round import verl_round
 
 START_STATE = "bench_start"
 logger = get_logger(__name__)
 
 
-def make_round(trainer, profile: LengthProfile, round_index: int, num_groups: int, seed: int):
-    """Round ``round_index`` of a setting: R prompts of the train set plus their prescribed response lengths."""
+def make_round(trainer, profile: LengthProfile | TurnProfile, round_index: int, num_groups: int, seed: int):
+    """Round ``round_index`` of a setting: R prompts of the train set plus their prescribed response lengths (or,
+    for a multi-turn profile, their turn plans: turn lengths and tool latencies)."""
     from verl import DataProto
     from verl.utils.dataset.rl_dataset import collate_fn
 
@@ -39,6 +49,11 @@ def make_round(trainer, profile: LengthProfile, round_index: int, num_groups: in
     ds = trainer.train_dataset
     start = (round_index * num_groups) % (len(ds) - num_groups)
     batch = DataProto.from_single_dict(collate_fn([ds[i] for i in range(start, start + num_groups)]))
+    if isinstance(profile, TurnProfile):
+        plans = round_turn_plans(profile, seed * 1000 + round_index, num_groups, k, cap)
+        batch.non_tensor_batch[PLANS_COLUMN] = np.array([json.dumps(g) for g in plans], dtype=object)
+        batch.non_tensor_batch["agent_name"] = np.array([TURN_AGENT_NAME] * num_groups, dtype=object)
+        return batch, plans
     lengths = round_lengths(profile, seed * 1000 + round_index, num_groups, k, cap)
     batch.non_tensor_batch[LENGTHS_COLUMN] = np.array([",".join(map(str, g)) for g in lengths], dtype=object)
     batch.non_tensor_batch["agent_name"] = np.array([AGENT_NAME] * num_groups, dtype=object)
@@ -53,6 +68,19 @@ def lengths_honoured(trained: list, batch, lengths: list[list[int]]) -> float:
     got: dict[str, list[int]] = {}
     for b in trained:
         for n, uid in zip(b.batch["response_mask"].sum(-1).tolist(), b.non_tensor_batch["uid"], strict=True):
+            got.setdefault(uid, []).append(int(n))
+    hits = sum(len(want) - len(_multiset_diff(want, got.get(uid, []))) for uid, want in prescribed.items())
+    return hits / max(1, sum(len(v) for v in got.values()))
+
+
+def turns_honoured(trained: list, batch, plans: list[list[dict]]) -> float:
+    """The multi-turn twin of ``lengths_honoured``: share of trained responses whose turn count (verl's
+    ``__num_turns__``: model turns + tool turns + the prompt) is one its group's plans prescribed (must be 1.0)."""
+    prescribed = {uid: [2 * len(p["latencies"]) + 2 for p in g]
+                  for uid, g in zip(batch.non_tensor_batch["uid"], plans, strict=True)}
+    got: dict[str, list[int]] = {}
+    for b in trained:
+        for n, uid in zip(b.non_tensor_batch["__num_turns__"].tolist(), b.non_tensor_batch["uid"], strict=True):
             got.setdefault(uid, []).append(int(n))
     hits = sum(len(want) - len(_multiset_diff(want, got.get(uid, []))) for uid, want in prescribed.items())
     return hits / max(1, sum(len(v) for v in got.values()))
@@ -95,7 +123,7 @@ def orchestration_cpus(mode: str, bench) -> list[int] | None:
     return None if place is None else list(bench.rollout_cpus if place == "rollout" else bench.trainer_cpus)
 
 
-def run_round(trainer, profile: LengthProfile, num_groups: int, mode: str, round_index: int, bench,
+def run_round(trainer, profile: LengthProfile | TurnProfile, num_groups: int, mode: str, round_index: int, bench,
               out_dir: Path, draw_png: bool) -> dict:
     """Round ``round_index`` of a setting in one mode, from the setting's start state (weights, AdamW,
     scheduler; published to vLLM), so every mode runs every round from the same state."""
@@ -103,7 +131,7 @@ def run_round(trainer, profile: LengthProfile, num_groups: int, mode: str, round
 
     trainer.actor_rollout_wg.load_train_state(START_STATE)
     trainer.checkpoint_manager.update_weights(0)
-    batch, lengths = make_round(trainer, profile, round_index, num_groups, int(bench.seed))
+    batch, plan = make_round(trainer, profile, round_index, num_groups, int(bench.seed))
     trainer.global_steps = round_index + 1
     trainer.actor_rollout_wg.pop_compute_seconds()  # from here on
     t0, cpu0 = time.monotonic(), cpu_seconds(this_run())  # this run's processes: not a test's beside it
@@ -130,12 +158,15 @@ def run_round(trainer, profile: LengthProfile, num_groups: int, mode: str, round
                     PREFIX + "call_overhead_share": (busy - compute) / busy if busy > 0 else float("nan")})
     return {"round": round_index + 1, "warmup": round_index < int(bench.warmup_rounds),
             "wall_s": time.monotonic() - t0, "cpu_s": cpu_used(cpu0, cpu1),
-            "workload_shape": describe(lengths, int(trainer.config.data.max_response_length)),
-            "lengths_honoured": lengths_honoured(trained, batch, lengths), "timeline": timeline,
+            **({"workload_shape": describe_turns(plan), "lengths_honoured": turns_honoured(trained, batch, plan)}
+               if isinstance(profile, TurnProfile) else
+               {"workload_shape": describe(plan, int(trainer.config.data.max_response_length)),
+                "lengths_honoured": lengths_honoured(trained, batch, plan)}),
+            "timeline": timeline,
             "metrics": {k: float(v) for k, v in metrics.items() if k.startswith("rolloutpipe/")}, **extra}
 
 
-def run_setting(trainer, profile: LengthProfile, num_groups: int, modes: list[str], bench,
+def run_setting(trainer, profile: LengthProfile | TurnProfile, num_groups: int, modes: list[str], bench,
                 out_dir: Path) -> list[dict]:
     """Every round of one (workload, R), all modes interleaved round by round (order rotated); one result per
     mode with its rounds in order."""
@@ -169,7 +200,7 @@ class BenchTaskRunner:
         trainer.init_workers()
         trainer.actor_rollout_wg.save_train_state(START_STATE)
         out_dir = Path(bench.out_dir)
-        profiles = [LengthProfile.from_mapping(n, bench.profiles[n]) for n in bench.workloads]
+        profiles = [profile_from_mapping(n, bench.profiles[n]) for n in bench.workloads]
         results = []
         for p in profiles:
             for r in bench.sizes:

@@ -112,6 +112,8 @@ def validate_against_bench(raw: dict[str, Any], calibrate_mode: str = "sync", co
             continue
         if modes is not None and mode not in modes:
             continue
+        if settings["profiles"][workload].get("kind", "single_turn") != "single_turn":
+            continue  # the simulator models decode lengths, not tool turns: a multi-turn workload is not replayed
         profile = LengthProfile.from_mapping(workload, settings["profiles"][workload])
         measured, predicted = [], []
         contended = by.get((workload, r, contention_mode)) if contention_mode else None
