@@ -98,8 +98,9 @@ class TurnProfile:
     latency_p50_s: float
     latency_sigma: float
     latency_max_s: float
-    # tokens kept per tool turn for the chat template and the tool's reply (they share data.max_response_length)
-    tool_turn_tokens: int = 12
+    # tokens kept per tool turn for the chat template and the tool's reply (they share data.max_response_length;
+    # measured 15 with the embedded tokenizer)
+    tool_turn_tokens: int = 16
 
     def turn_cap(self, cap: int) -> int:
         """The longest model turn: the response cap shared by ``max_calls + 1`` turns and the tool turns."""
