@@ -373,17 +373,28 @@ def test_a_bench_mode_gets_the_width_of_its_own_strength_and_r(overrides, mode, 
 def test_bench_runs_all_modes_on_the_real_stack(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "recipe.rolloutpipe.bench", "--json", str(tmp_path / "records.json"),
-         f"rolloutpipe.bench.out_dir={tmp_path}/results", "rolloutpipe.bench.workloads=[sci-longtail]",
-         "rolloutpipe.bench.sizes=[4]",
+         f"rolloutpipe.bench.out_dir={tmp_path}/results",
+         # the multi-turn workload too, at most one tool call per response (its turns share the 48-token cap)
+         "rolloutpipe.bench.workloads=[sci-longtail,agentic-longtail]",
+         "rolloutpipe.bench.profiles.agentic-longtail.max_calls=1", "rolloutpipe.bench.sizes=[4]",
          "rolloutpipe.bench.modes=[stock,sync,cgp,cgp_fgd:priority+groups,cgp_fgd:paced@rollout]",
-         "rolloutpipe.bench.rounds=1", "rolloutpipe.bench.warmup_rounds=0", "data.max_response_length=24",
+         "rolloutpipe.bench.rounds=1", "rolloutpipe.bench.warmup_rounds=0", "data.max_response_length=48",
          f"trainer.default_local_dir={tmp_path}/ckpt"],
         capture_output=True, text=True, timeout=900, cwd=ROOT)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-6000:]
-    records = json.loads((tmp_path / "records.json").read_text())["records"]
+    every = json.loads((tmp_path / "records.json").read_text())["records"]
     paced = "cgp_fgd:paced@rollout"  # with its orchestration pinned to the rollout pool's core
-    assert [r["mode"] for r in records] == ["stock", "sync", "cgp", "cgp_fgd:priority+groups", paced]
+    modes = ["stock", "sync", "cgp", "cgp_fgd:priority+groups", paced]
+    assert [(r["workload"], r["mode"]) for r in every] == [(w, m) for w in ("sci-longtail", "agentic-longtail")
+                                                           for m in modes]
+    # the multi-turn workload: verl's step and every mode ran the planned turns (tool calls through verl's tool
+    # path, each waiting its planned latency), every trained response with its planned number of turns
+    agentic = [r for r in every if r["workload"] == "agentic-longtail"]
+    for r in agentic:
+        assert r["lengths_honoured"] == 1.0 and r["workload_shape"]["mean_tool_calls"] > 0, r
+        assert r["rollout_to_train_end_s"] > 0 and len(r["reduction_vs_verl_ci"]) == 2
+    records = [r for r in every if r["workload"] == "sci-longtail"]
     for r in records:
         assert r["lengths_honoured"] == 1.0  # every response has exactly the workload's length (max_tokens+ignore_eos)
         assert r["rollout_to_train_end_s"] > 0 and "reduction_vs_sync" in r and r["rollout_train_ratio_sync"] > 0
@@ -402,7 +413,8 @@ def test_bench_runs_all_modes_on_the_real_stack(tmp_path):
     assert once > 0 and 1.5 * once < sent["stock"][1] < 2.5 * once, sent
     assert all(0.9 * once < b < 1.1 * once for mode, (_, b) in sent.items() if mode != "stock"), sent
     assert "data sent (MB)" in (tmp_path / "results" / "bench.md").read_text()
-    raw_rounds = json.loads((tmp_path / "results" / "bench_raw.json").read_text())["results"]
+    raw_rounds = [res for res in json.loads((tmp_path / "results" / "bench_raw.json").read_text())["results"]
+                  if res["workload"] == "sci-longtail"]
     stock = raw_rounds[0]["rounds"][0]
     assert stock["verl_timing_s"]["gen"] > 0 and stock["verl_timing_s"]["update_actor"] > 0  # verl's own step ran
     for res in raw_rounds:  # the worker's compute is part of the trainer's call time, the rest is overhead
@@ -422,7 +434,7 @@ def test_bench_runs_all_modes_on_the_real_stack(tmp_path):
     orchestration = {p.split(" ")[0] for p in raw["pinned"]["orchestration"]}
     assert any(p.startswith("ray::BenchTaskRunner") for p in orchestration), orchestration  # (.run while it runs)
     assert any("raylet" in p for p in orchestration), orchestration
-    for name in ("bench.md", "bench_bars.png", "timelines_sci-longtail_R4.png"):
+    for name in ("bench.md", "bench_bars.png", "timelines_sci-longtail_R4.png", "timelines_agentic-longtail_R4.png"):
         assert (tmp_path / "results" / name).stat().st_size > 0
 
 
