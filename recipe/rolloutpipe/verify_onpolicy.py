@@ -206,6 +206,7 @@ def verify_in_trainer(trainer) -> dict:  # a RolloutPipeTrainer, workers started
     result["git_commit"], result["machine"] = git_commit(), machine()
     out = trainer.config.rolloutpipe.verify_out
     if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(result, indent=1))
     n = R * trainer.settings.group_size
     nc = result["negative_control"]
