@@ -56,17 +56,19 @@ def test_lora_adapter_reaches_vllm_every_round_with_the_reference_without_it(tmp
 def test_disaggregated_lora_then_a_stale_engine_stops_the_run(tmp_path):
     """Disaggregated layout: merged weights reach the standalone replica for rounds 1-2 (the replica starts from
     random weights, so round 1 matching proves the first publish and round 2 the first trained adapter); from the
-    third publication on the fault fixture re-sends the second's (the adapter stops reaching vLLM), and round 3
-    must end the run with the message, not train on."""
+    third publication on the fault fixture re-sends the second's (the adapter stops reaching vLLM), and the run
+    must end with the message, not train on: at round 3 or, where the adapter moved little in one round, at round 4
+    (measured: a stale round-3 gap of 4.93e-5 against the 5e-5 bound in one CI run, 1.4e-4 in its round 4)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests" / "data"), os.environ.get("PYTHONPATH", "")]),
                ROLLOUTPIPE_STALE_AFTER="2")
     code, log = _run(tmp_path, "rolloutpipe.layout=disaggregated", "trainer.total_training_steps=4",
                      "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=stale_publication", env=env)
     assert code != 0, log[-6000:]
     gaps = {int(r): float(g) for r, g in ROUND.findall(log)}
-    assert sorted(gaps) == [1, 2, 3], (gaps, log[-4000:])
-    assert gaps[1] <= BOUND and gaps[2] <= BOUND and gaps[3] > BOUND, gaps
+    last = max(gaps)
+    assert sorted(gaps) == list(range(1, last + 1)) and last in (3, 4), (gaps, log[-4000:])
+    assert gaps[1] <= BOUND and gaps[2] <= BOUND and gaps[last] > BOUND, gaps  # stopped at the first one over
     [stop] = re.findall(r"rolloutpipe: round (\d+) was not generated with the trainer's weights v(\d+): median .*? > "
                         r"rolloutpipe\.max_logprob_gap_p50=5e-05", log)
-    assert stop == ("3", "2"), stop
+    assert stop == (str(last), str(last - 1)), stop
     assert "Traceback" not in log.split("was not generated with the trainer's weights")[-1]  # one message
