@@ -64,13 +64,9 @@ def lengths_honoured(trained: list, batch, lengths: list[list[int]]) -> float:
     """Share of trained responses whose length is one the workload prescribed for its group (must be 1.0): per
     group (the prompt's uid), the multiset of response lengths against the prescribed one. (Multisets, because
     verl's own step may reorder rows: ``trainer.balance_batch``.)"""
-    prescribed = dict(zip(batch.non_tensor_batch["uid"], lengths, strict=True))
-    got: dict[str, list[int]] = {}
-    for b in trained:
-        for n, uid in zip(b.batch["response_mask"].sum(-1).tolist(), b.non_tensor_batch["uid"], strict=True):
-            got.setdefault(uid, []).append(int(n))
-    hits = sum(len(want) - len(_multiset_diff(want, got.get(uid, []))) for uid, want in prescribed.items())
-    return hits / max(1, sum(len(v) for v in got.values()))
+    got = [(int(n), uid) for b in trained
+           for n, uid in zip(b.batch["response_mask"].sum(-1).tolist(), b.non_tensor_batch["uid"], strict=True)]
+    return _share_prescribed(dict(zip(batch.non_tensor_batch["uid"], lengths, strict=True)), got)
 
 
 def turns_honoured(trained: list, batch, plans: list[list[dict]]) -> float:
@@ -78,12 +74,18 @@ def turns_honoured(trained: list, batch, plans: list[list[dict]]) -> float:
     ``__num_turns__``: model turns + tool turns + the prompt) is one its group's plans prescribed (must be 1.0)."""
     prescribed = {uid: [2 * len(p["latencies"]) + 2 for p in g]
                   for uid, g in zip(batch.non_tensor_batch["uid"], plans, strict=True)}
-    got: dict[str, list[int]] = {}
-    for b in trained:
-        for n, uid in zip(b.non_tensor_batch["__num_turns__"].tolist(), b.non_tensor_batch["uid"], strict=True):
-            got.setdefault(uid, []).append(int(n))
-    hits = sum(len(want) - len(_multiset_diff(want, got.get(uid, []))) for uid, want in prescribed.items())
-    return hits / max(1, sum(len(v) for v in got.values()))
+    got = [(int(n), uid) for b in trained
+           for n, uid in zip(b.non_tensor_batch["__num_turns__"].tolist(), b.non_tensor_batch["uid"], strict=True)]
+    return _share_prescribed(prescribed, got)
+
+
+def _share_prescribed(prescribed: dict[str, list[int]], got: list[tuple[int, str]]) -> float:
+    """Share of the trained responses' values (value, uid) that match their group's prescribed multiset."""
+    by_uid: dict[str, list[int]] = {}
+    for n, uid in got:
+        by_uid.setdefault(uid, []).append(n)
+    hits = sum(len(want) - len(_multiset_diff(want, by_uid.get(uid, []))) for uid, want in prescribed.items())
+    return hits / max(1, len(got))
 
 
 def _multiset_diff(want: list[int], have: list[int]) -> list[int]:
