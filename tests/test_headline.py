@@ -82,3 +82,13 @@ def test_a_dirty_tree_is_refused_unless_allowed(monkeypatch, tmp_path):
     monkeypatch.setattr(headline, "git_commit", lambda: "abc1234-dirty")
     with pytest.raises(SystemExit, match="commit first"):
         headline.run(False, [], runs=1, rounds=10, out_dir=tmp_path)
+
+
+def test_the_readme_figure_is_launch_ones_timelines(tmp_path):
+    run1 = tmp_path / "run1"
+    run1.mkdir()
+    with pytest.raises(SystemExit, match="expected one timelines_"):
+        headline.publish_figure(run1, tmp_path / "fig.png")
+    (run1 / "timelines_sci-longtail_R16.png").write_bytes(b"png of launch 1")
+    (run1 / "critical_path_sci-longtail_R16.png").write_bytes(b"another figure")
+    assert headline.publish_figure(run1, tmp_path / "fig.png").read_bytes() == b"png of launch 1"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ from ..provenance import ROOT, git_commit, machine
 from .report import median_ci
 
 HEADLINE_JSON = ROOT / "docs" / "results" / "headline.json"
+HEADLINE_FIGURE = ROOT / "docs" / "results" / "headline_timelines.png"  # the README's figure: launch 1's rounds
 README = ROOT / "README.md"
 TABLE_START = "<!-- headline table: generated from docs/results/headline.json by `python -m recipe.rolloutpipe.bench" \
               ".headline --readme`; do not edit -->"
@@ -129,7 +131,19 @@ def run(allow_dirty: bool, overrides: list[str], runs: int, rounds: int, out_dir
                         f"rolloutpipe.bench.rounds={rounds}", f"rolloutpipe.bench.out_dir={run_dir}", *overrides],
                        cwd=ROOT, check=True)
         results.append(json.loads((run_dir / "bench.json").read_text()))
+    publish_figure(out_dir / "run1", HEADLINE_FIGURE)
     return summarize(results, commit, rounds)
+
+
+def publish_figure(run_dir: Path, dest: Path) -> Path:
+    """Copy a launch's timeline figure (one round of each mode; the quick setting has one workload and size) to
+    ``dest``, the README's figure, so that it comes from the same run as the table."""
+    figures = sorted(run_dir.glob("timelines_*.png"))
+    if len(figures) != 1:
+        raise SystemExit(f"rolloutpipe headline: expected one timelines_*.png in {run_dir}, found "
+                         f"{[f.name for f in figures]}")
+    shutil.copyfile(figures[0], dest)
+    return dest
 
 
 def main(argv: list[str] | None = None) -> None:
