@@ -197,14 +197,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.rounds < 10:
         raise SystemExit("rolloutpipe curves: --rounds must be >= 10 (validation runs every 10 rounds)")
     work, runs = Path(args.work), {}
-    t0 = time.time()
+    t0, commit = time.time(), git_commit()  # the commit at launch: the runs below measure this tree
     plan = [(m, s) for s in args.seeds for m in args.modes]  # seed-major: an interrupted sweep has whole seeds
     for mode, seed in tqdm(plan, desc="curves (runs)", unit="run"):
         runs.setdefault(mode, {})[seed] = series(run_one(mode, seed, args.rounds, work, args.overrides))
     summary = summarize({m: runs[m] for m in args.modes if m in runs})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"git_commit": git_commit(), "machine": machine(),
+    result = {"git_commit": commit, "machine": machine(),
               "rounds": args.rounds, "seeds": args.seeds, "overrides": args.overrides,
               "wall_s": round(time.time() - t0, 1), "modes": summary}
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))

@@ -148,6 +148,9 @@ def run(config: DictConfig, task_runner_class: type | None = None, user: frozens
             raise SystemExit(f"rolloutpipe: verl's validate_config rejects the config: {e}") from None
         print(dry_run_report(config, user))
         return
+    from .provenance import git_commit
+
+    commit = git_commit()  # at launch: the run's record names the tree that ran, not one edited meanwhile
     prepare_runtime(config)
     from verl.trainer.main_ppo import run_ppo
 
@@ -166,23 +169,24 @@ def run(config: DictConfig, task_runner_class: type | None = None, user: frozens
         run_ppo(config, task_runner_class=task_runner_class or RolloutPipeTaskRunner)
     except (RoundAbortedError, PipelineStallError) as e:  # raised in the task runner; Ray re-raises it here
         raise SystemExit(str(getattr(e, "cause", None) or e).strip()) from None
-    record_run(config)
+    record_run(config, commit)
 
 
-def record_run(config: DictConfig) -> None:
-    """Add what produced it to the run's learning_curve.json: the commit, the wall time from this process's start
-    (Ray, workers and vLLM start-up included) and the command-line keys (docs/results/main_job.json is one)."""
+def record_run(config: DictConfig, commit: str) -> None:
+    """Add what produced it to the run's learning_curve.json: the commit at launch, the wall time from this
+    process's start (Ray, workers and vLLM start-up included) and the command-line keys (docs/results/main_job.json
+    is one)."""
     import json
 
     import psutil
 
-    from .provenance import git_commit, machine
+    from .provenance import machine
 
     path = Path(config.rolloutpipe.timeline_dir) / "learning_curve.json"
     if not path.exists():
         return
     record = json.loads(path.read_text())
-    record.update(git_commit=git_commit(), machine=machine(), overrides=sys.argv[1:],
+    record.update(git_commit=commit, machine=machine(), overrides=sys.argv[1:],
                   wall_s=round(time.time() - psutil.Process().create_time(), 1), mode=str(config.rolloutpipe.mode),
                   rounds=int(config.trainer.total_training_steps))
     path.write_text(json.dumps(record, indent=1))

@@ -203,7 +203,6 @@ def verify_in_trainer(trainer) -> dict:  # a RolloutPipeTrainer, workers started
         "detected": control["responses_differing"] > 0
         or control["max_abs_sampling_logprob_diff"] > SAMPLING_LOGPROB_TOLERANCE,
     }
-    result["git_commit"], result["machine"] = git_commit(), machine()
     out = trainer.config.rolloutpipe.verify_out
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -425,8 +424,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
         cfg = compose(config_name="rolloutpipe", overrides=overrides)
+    commit = git_commit()  # at launch: the run checks this tree (an edit during the run is not what ran)
     run(cfg, task_runner_class=VerifyTaskRunner)
     result = json.loads(args.json.read_text())
+    result["git_commit"], result["machine"] = commit, machine()
     result["overrides"] = list(args.overrides)  # what was checked beyond the fixed round above (KL, train unit)
     args.json.write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from .runner import BenchTaskRunner
 
-    t0 = time.monotonic()
+    t0, commit = time.monotonic(), git_commit()  # the commit at launch: the rounds below measure this tree
     raw = ray.get(BenchTaskRunner.options(num_cpus=1).remote().run.remote(cfg))
     raw["settings"] = {
         "K": int(cfg.actor_rollout_ref.rollout.n), "U": int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size),
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         "profiles": OmegaConf.to_container(bench.profiles), "machine": f"{platform.machine()} {len(cores)} cores",
         "wall_s": time.monotonic() - t0,
     }
-    raw["git_commit"], raw["machine"] = git_commit(), machine()
+    raw["git_commit"], raw["machine"] = commit, machine()
     summary = write_all(raw, Path(bench.out_dir), args.json)
     print((Path(bench.out_dir) / "bench.md").read_text())
     print(f"[rolloutpipe bench] {len(summary['records'])} records in {raw['settings']['wall_s']:.0f} s -> "
