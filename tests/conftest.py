@@ -1,5 +1,6 @@
 """Shared by the on-policy equivalence tests (one machine: test_rolloutpipe_e2e.py; two Ray nodes:
-test_multinode.py)."""
+test_multinode.py), and the broken train set of the data checks (test_data_check.py; its run-time launch is
+test_lora.py's hybrid one)."""
 
 from __future__ import annotations
 
@@ -101,6 +102,24 @@ def _run_and_check(tmp_path: Path, train_unit: str, *overrides: str,
         assert v[key] <= 0.05 * v["weights_moved"], (key, v[key], v["weights_moved"])
     # (verl's per-call token-mean, without the fix, would weigh a split step's calls by 1/their tokens: off by O(grad))
     return v, log
+
+
+@pytest.fixture(scope="session")
+def broken(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The embedded train set's first 64 rows with row 3 an empty prompt, row 5 without ground truth, row 7
+    overlong."""
+    import pandas as pd
+
+    from recipe.rolloutpipe.prepare import default_dir, ensure_default
+
+    ensure_default()
+    rows = pd.read_parquet(default_dir() / "train.parquet").head(64).to_dict("records")
+    rows[3]["prompt"] = []
+    rows[5]["reward_model"] = {"style": "rule"}
+    rows[7]["prompt"] = [{"role": "user", "content": "1+1= " * 40}]
+    path = tmp_path_factory.mktemp("data") / "broken.parquet"
+    pd.DataFrame(rows).to_parquet(path)
+    return path
 
 
 @pytest.fixture

@@ -1,10 +1,9 @@
 """Bad data is found before any worker starts: malformed rows, overlong prompts, a truncated file; with
-``on_bad_row=skip`` the real stack trains on the cleaned copy."""
+``on_bad_row=skip`` the real stack trains on the cleaned copy (with a faulty reward function too: one launch, shared
+with a LoRA run, tests/test_lora.py)."""
 
 from __future__ import annotations
 
-import math
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,24 +13,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from recipe.rolloutpipe.data_check import DataCheckError, check_data, row_problem
-from recipe.rolloutpipe.prepare import default_dir, ensure_default
+from recipe.rolloutpipe.prepare import default_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-FAULTY = str(ROOT / "tests" / "data" / "faulty_reward.py")  # a reward function with every fault
-
-
-@pytest.fixture(scope="module")
-def broken(tmp_path_factory) -> Path:
-    """The embedded train set with row 3 an empty prompt, row 5 without ground truth, row 7 overlong."""
-    ensure_default()
-    frame = pd.read_parquet(default_dir() / "train.parquet").head(64)
-    rows = frame.to_dict("records")
-    rows[3]["prompt"] = []
-    rows[5]["reward_model"] = {"style": "rule"}
-    rows[7]["prompt"] = [{"role": "user", "content": "1+1= " * 40}]
-    path = tmp_path_factory.mktemp("data") / "broken.parquet"
-    pd.DataFrame(rows).to_parquet(path)
-    return path
 
 
 def _config(path: Path, **data):
@@ -81,26 +65,3 @@ def test_truncated_file_stops_before_ray(tmp_path, broken):
     assert out.returncode != 0
     assert f"rolloutpipe: data.train_files: cannot read {cut} as parquet" in log and "truncated" in log
     assert "Started a local Ray instance" not in log and "Traceback" not in log
-
-
-@pytest.mark.real_stack(runs=1)
-def test_bad_rows_skipped_and_a_faulty_reward_lose_no_group(tmp_path, broken):
-    """One launch for both kinds of bad input at run time (a launch costs ~2 min): the skip policy trains on the
-    cleaned copy, and every fault of the reward function (raises, NaN, None, too slow: tests/data/faulty_reward.py)
-    fires inside verl's reward loop; both rounds train all 16 groups and count the errors."""
-    out = subprocess.run(
-        [sys.executable, "-m", "recipe.rolloutpipe.main", f"data.train_files={broken}",
-         "rolloutpipe.data_check.on_bad_row=skip", "data.filter_overlong_prompts=true",
-         f"rolloutpipe.data_check.clean_dir={tmp_path}/clean", f"reward.custom_reward_function.path={FAULTY}",
-         "rolloutpipe.reward_guard.timeout_s=0.3", "trainer.total_training_steps=2",
-         "trainer.val_before_train=false", "trainer.test_freq=-1", f"rolloutpipe.timeline_dir={tmp_path}/tl",
-         f"hydra.run.dir={tmp_path}/h"], capture_output=True, text=True, timeout=900, cwd=ROOT)
-    log = out.stdout + out.stderr
-    assert out.returncode == 0, log[-5000:]
-    assert "broken.parquet: 64 rows, 2 skipped as malformed, 1 overlong" in log
-    assert (tmp_path / "clean" / "broken.clean.parquet").exists()
-    errors = [int(x) for x in re.findall(r"\[rolloutpipe\] round \d+ mode=cgp_fgd .*reward_errors=(\d+)", log)]
-    assert len(errors) == 2 and all(e > 0 for e in errors), log[-3000:]
-    consumed = re.findall(r"rolloutpipe/groups_trained:([0-9.]+)", log)
-    assert [float(c) for c in consumed] == [16.0, 16.0]
-    assert not any(math.isnan(float(x)) for x in re.findall(r"critic/score/mean:([0-9.na]+)", log))

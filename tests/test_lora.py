@@ -5,6 +5,7 @@ another policy's samples (docs/lora.md)."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+FAULTY_REWARD = ROOT / "tests" / "data" / "faulty_reward.py"  # a reward function with every fault
 LORA = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
         "actor_rollout_ref.model.target_modules=all-linear"]
 ROUND = re.compile(r"\[rolloutpipe\] round (\d+) mode=\w+ .*?lp_diff_p50=([0-9.e+-]+) ")
@@ -35,11 +37,19 @@ def _run(tmp_path: Path, *overrides: str, env: dict | None = None) -> tuple[int,
 
 
 @pytest.mark.real_stack(runs=1)
-def test_lora_adapter_reaches_vllm_every_round_with_the_reference_without_it(tmp_path):
+def test_lora_adapter_reaches_vllm_every_round_with_the_reference_without_it(tmp_path, broken):
     """Hybrid layout (verl loads the adapter into vLLM from tensors each round), verl's KL loss (the reference is
-    the actor with its adapter disabled), the fused train unit."""
+    the actor with its adapter disabled), the fused train unit.
+
+    The same launch (a launch is ~2 min of the suite) carries the run-time half of tests/test_data_check.py: bad
+    rows skipped (``on_bad_row=skip`` trains on the cleaned copy) and every fault of the reward function (raises,
+    NaN, None, too slow: tests/data/faulty_reward.py) firing inside verl's reward loop; every round trains all 16
+    groups and counts the errors."""
     code, log = _run(tmp_path, "trainer.total_training_steps=3", "rolloutpipe.train_unit=steps",
-                     "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.1")
+                     "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.1",
+                     f"data.train_files={broken}", "rolloutpipe.data_check.on_bad_row=skip",
+                     "data.filter_overlong_prompts=true", f"rolloutpipe.data_check.clean_dir={tmp_path}/clean",
+                     f"reward.custom_reward_function.path={FAULTY_REWARD}", "rolloutpipe.reward_guard.timeout_s=0.3")
     assert code == 0, log[-6000:]
     assert "get_unstacked_mapper" not in log  # verl's adapter loader on vLLM 0.31 (vllm_compat)
     gaps = {int(r): float(g) for r, g in ROUND.findall(log)}
@@ -50,6 +60,15 @@ def test_lora_adapter_reaches_vllm_every_round_with_the_reference_without_it(tmp
     assert snapshot == {ADAPTER_BYTES}, snapshot  # π_old keeps what the optimizer changes: the adapter
     kl = [float(x) for x in re.findall(r"kl_loss:np\.float64\(([^)]+)\)", log)]
     assert len(kl) == 3 and kl[-1] > 0, kl  # the adapter moved the policy away from the base (the reference)
+
+    # bad input at run time: nothing lost
+    assert "broken.parquet: 64 rows, 2 skipped as malformed, 1 overlong" in log
+    assert (tmp_path / "clean" / "broken.clean.parquet").exists()
+    errors = [int(x) for x in re.findall(r"\[rolloutpipe\] round \d+ mode=cgp_fgd .*reward_errors=(\d+)", log)]
+    assert len(errors) == 3 and all(e > 0 for e in errors), log[-3000:]
+    consumed = re.findall(r"rolloutpipe/groups_trained:([0-9.]+)", log)
+    assert [float(c) for c in consumed] == [16.0, 16.0, 16.0]
+    assert not any(math.isnan(float(x)) for x in re.findall(r"critic/score/mean:([0-9.na]+)", log))
 
 
 @pytest.mark.real_stack(runs=1)
