@@ -60,7 +60,7 @@ NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 # run checks sync's rounds, left short by dynamic sampling)
 STREAMING = ["task=agentic", "reward_fn=sandbox", "rolloutpipe.fgd_strength=priority",
              "actor_rollout_ref.rollout.scheduling_policy=priority", "trainer.val_before_train=false",
-             *DYNAMIC_SAMPLING, *VERL_GRPO_KEYS]
+             "data.val_max_samples=64", *DYNAMIC_SAMPLING, *VERL_GRPO_KEYS]
 
 
 @pytest.mark.real_stack(runs=1)
