@@ -149,8 +149,9 @@ KL = ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_lo
     # exact. (Per group they differ by float rounding, ~1e-6, which GRPO amplifies in a group whose K scores are
     # equal: its advantages are then the KL term alone over its tiny spread -- verl's semantics, measured 0.2.)
     # step is the default train unit (one call per optimizer step); steps shares its call path (whole steps through
-    # one verl update) and sync's multi-step call (tests/test_resume.py), with the FIFO's ready-steps release
-    # property-tested (tests/test_pipeline_core.py)
+    # one verl update) and sync's multi-step call (tests/test_bench.py: sync's round of 2 steps in one call;
+    # tests/test_lora.py runs steps), with the FIFO's ready-steps release property-tested
+    # (tests/test_pipeline_core.py)
     # On the agentic task (task=agentic): verl's multi-turn ToolAgentLoop, a calculator tool with heavy-tailed
     # latency; ~30 % of the trajectories call it (tool turns masked out of the loss), the rest answer directly.
     # FGD's hold strength with the measured width (frontier_width=auto: U in the first round, then measured).
