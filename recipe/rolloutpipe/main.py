@@ -152,6 +152,17 @@ def run(config: DictConfig, task_runner_class: type | None = None, user: frozens
 
     commit = git_commit()  # at launch: the run's record names the tree that ran, not one edited meanwhile
     prepare_runtime(config)
+    from .ray_start import stop_local_instance
+
+    try:
+        _run_ppo(config, trainer, task_runner_class)
+    finally:
+        stop_local_instance()
+    if trainer == "rolloutpipe":
+        record_run(config, commit)
+
+
+def _run_ppo(config: DictConfig, trainer: str, task_runner_class: type | None) -> None:
     from verl.trainer.main_ppo import run_ppo
 
     if trainer == "stock":  # verl's own trainer and workers on the same layout
@@ -169,7 +180,6 @@ def run(config: DictConfig, task_runner_class: type | None = None, user: frozens
         run_ppo(config, task_runner_class=task_runner_class or RolloutPipeTaskRunner)
     except (RoundAbortedError, PipelineStallError) as e:  # raised in the task runner; Ray re-raises it here
         raise SystemExit(str(getattr(e, "cause", None) or e).strip()) from None
-    record_run(config, commit)
 
 
 def record_run(config: DictConfig, commit: str) -> None:

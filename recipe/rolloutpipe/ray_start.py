@@ -1,10 +1,15 @@
-"""Ray's start-up, bounded: ``ray.init`` under a machine-wide lock and a deadline.
+"""Ray's start-up, bounded: ``ray.init`` under a machine-wide lock and a deadline; and its stop, complete.
 
 Why: once in CI, two local Ray instances started 2 s apart on 2 cores (the suite runs two real-stack tests at a time).
 One driver registered with its raylet, its GCS stalled for 69 s, and ``ray.init`` never returned: the run sat silent
 until the test's 15-minute timeout. The lock keeps local start-ups on one machine apart; the deadline turns a hang
 into one restart of the same command (the hung instance's processes killed first) and, if that hangs too, one clear
 error. Nothing has run when the deadline fires (no worker, no round), so a restart loses nothing.
+
+The stop: after ``ray.shutdown()`` of a local instance, a worker process was once left running with no parent (an
+agent-loop worker, its main thread blocked in its exit, 800 MB resident, minutes after the run ended: seen 1 run in
+3 here). ``stop_local_instance`` waits for every process the instance's raylet had started and stops those that
+outlive the shutdown, so a finished run leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ EXIT_RAY_START_HUNG = 75  # EX_TEMPFAIL: nothing ran; the same command can be ru
 ATTEMPT_ENV = "ROLLOUTPIPE_RAY_START_ATTEMPT"
 LOCK_PATH = Path(tempfile.gettempdir()) / "rolloutpipe-ray-start.lock"
 USER_LOCK_PATH = Path(tempfile.gettempdir()) / f"rolloutpipe-ray-start-{os.getuid()}.lock"  # if LOCK_PATH can't open
+_local_started = False  # this process started a local instance (init_ray_bounded(local=True) returned)
 _START_CWD = os.getcwd()  # at import, before Hydra may change directory: where a restart runs the command again
 
 
@@ -105,3 +111,46 @@ def init_ray_bounded(kwargs: dict[str, Any], timeout_s: float, *, local: bool,
             init(**kwargs)
         finally:
             timer.cancel()
+    global _local_started
+    _local_started = local
+
+
+def stop_local_instance(grace_s: float = 10.0) -> None:
+    """``ray.shutdown()`` of the local instance this process started, then the instance's worker processes (the
+    raylet's descendants: Ray workers, vLLM's engine processes) that are still running ``grace_s`` later get SIGTERM,
+    and SIGKILL 5 s after that, with one warning naming them. A cluster joined through ``RAY_ADDRESS`` is left
+    alone."""
+    global _local_started
+    import psutil
+    import ray
+    from ray._private import ray_constants
+
+    node = ray._private.worker._global_node
+    if not _local_started or node is None:
+        return
+    _local_started = False
+    procs = []
+    for info in node.all_processes.get(ray_constants.PROCESS_TYPE_RAYLET, []):
+        try:
+            procs += psutil.Process(info.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+    ray.shutdown()
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    if not alive:
+        return
+    names = []
+    for proc in alive:
+        try:
+            names.append(f"{proc.name()} (pid {proc.pid})")
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=5)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    logger.warning(f"[rolloutpipe] {len(names)} Ray process(es) outlived ray.shutdown() by {grace_s:g} s and were "
+                   f"stopped: {', '.join(names)}")

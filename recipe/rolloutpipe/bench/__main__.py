@@ -25,6 +25,7 @@ from ..main import CONFIG_DIR, prepare_runtime
 from ..mode_specs import ORCHESTRATION_PLACES, parse_mode_spec
 from ..pipeline.modes import STOCK, TRAINER_MODES, TrainUnit
 from ..provenance import git_commit, machine
+from ..ray_start import stop_local_instance
 from ..resolve import apply_layout
 from .pinning import pool_env
 from .report import write_all
@@ -110,7 +111,10 @@ def main(argv: list[str] | None = None) -> None:
     from .runner import BenchTaskRunner
 
     t0, commit = time.monotonic(), git_commit()  # the commit at launch: the rounds below measure this tree
-    raw = ray.get(BenchTaskRunner.options(num_cpus=1).remote().run.remote(cfg))
+    try:
+        raw = ray.get(BenchTaskRunner.options(num_cpus=1).remote().run.remote(cfg))
+    finally:
+        stop_local_instance()  # nothing of this launch left running into the next one (--headline's launches)
     raw["settings"] = {
         "K": int(cfg.actor_rollout_ref.rollout.n), "U": int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size),
         "F_w": cfg.rolloutpipe.frontier_width, "fgd_strength": cfg.rolloutpipe.fgd_strength,
