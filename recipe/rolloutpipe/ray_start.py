@@ -19,6 +19,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,9 @@ def stop_local_instance(grace_s: float = 10.0) -> None:
             procs += psutil.Process(info.process.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             pass
+    # what Ray's own exit-time shutdown does first "to make sure that log messages finish printing": the workers'
+    # last lines (verl's final step metrics) reach this console through Ray's log monitor, which shutdown stops
+    time.sleep(1.0)
     ray.shutdown()
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
     if not alive:
