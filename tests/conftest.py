@@ -55,7 +55,12 @@ def _run_and_check(tmp_path: Path, train_unit: str, *overrides: str,
     # batch-wise: the same responses, rewards and advantages
     assert v["responses_differing"] == 0 and v["max_abs_sampling_logprob_diff"] <= 1e-4  # measured 7.6e-6
     assert v["max_abs_reward_diff"] == 0.0 and v["max_abs_advantage_diff"] == 0.0
-    assert v["max_abs_old_logprob_diff"] == 0.0  # measured 0.0 for both train units, 1 and 2 nodes
+    if train_unit in ("step", "steps"):  # π_old over the serial step's own rows and shapes: identical numbers
+        assert v["max_abs_old_logprob_diff"] == 0.0
+    else:  # groups: a call's rows are whichever groups had arrived, so its forward batches other rows together than
+        # the serial micro-batches (other padded lengths, other matmul blocking): float32 rounding, usually 0.0,
+        # once 2.9e-6 (two nodes, CI on f29dc38)
+        assert v["max_abs_old_logprob_diff"] <= 1e-5, v["max_abs_old_logprob_diff"]
     # negative control: weights published mid-round -> later groups sampled off-policy; the check must see it
     nc = v["negative_control"]
     assert nc["detected"] and nc["max_abs_sampling_logprob_diff"] > 1e-3, nc  # measured 5.7e-2
@@ -73,7 +78,8 @@ def _run_and_check(tmp_path: Path, train_unit: str, *overrides: str,
         # reference is the model's starting weights, which this round starts from, so it computes π_old's numbers (a
         # reference in another precision or model would not: bf16 was off by 0.45); verl's KL term is ~0 on the
         # first step and grows once the policy has moved
-        assert v["max_abs_ref_logprob_diff"] == 0.0 and v["ref_vs_old_logprob_gap"] <= 1e-4
+        exact = train_unit in ("step", "steps")  # groups: float32 rounding, as π_old above
+        assert v["max_abs_ref_logprob_diff"] <= (0.0 if exact else 1e-5) and v["ref_vs_old_logprob_gap"] <= 1e-4
         kl = v["kl_loss_per_step"]
         assert None not in kl and max(abs(x) for x in kl[1:]) > 10 * abs(kl[0]), kl
     pool_calls = v["trainer_pool_calls"]
