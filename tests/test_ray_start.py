@@ -95,16 +95,17 @@ def test_a_lock_file_that_cannot_be_opened_falls_back_to_a_per_user_lock(tmp_pat
 def test_a_worker_that_outlives_ray_shutdown_is_stopped_with_one_warning(tmp_path):
     """The stop (``stop_local_instance``). Seen once: an agent-loop worker left running without a parent after the
     run, its main thread blocked in its exit. Injected here the same way: an actor with a thread that never ends (a
-    Ray worker exits through Python's shutdown, which waits for it). It is stopped and named in one warning; nothing
-    of the instance is left running."""
+    Ray worker exits through Python's shutdown, which waits for it), ignoring SIGTERM too. It is killed and named in
+    one warning; nothing of the instance is left running."""
     code = _child(tmp_path / "lock", """
-        import threading
+        import signal, threading
         import psutil, ray
         ray_start.init_ray_bounded(dict(address="local", num_cpus=1, include_dashboard=False), 120, local=True)
 
         @ray.remote
         class Lingering:
             def start(self):
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 threading.Thread(target=lambda: time.sleep(3600), name="never-ends").start()
                 return os.getpid()
 
@@ -116,5 +117,5 @@ def test_a_worker_that_outlives_ray_shutdown_is_stopped_with_one_warning(tmp_pat
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-4000:]
     assert "alive after stop: False" in out.stdout, log[-3000:]
-    warnings = [line for line in log.splitlines() if "outlived ray.shutdown()" in line]
+    warnings = [line for line in log.splitlines() if "outlived ray.shutdown() and SIGTERM" in line]
     assert len(warnings) == 1 and "Lingering" in warnings[0], log[-3000:]

@@ -9,7 +9,7 @@ error. Nothing has run when the deadline fires (no worker, no round), so a resta
 The stop: after ``ray.shutdown()`` of a local instance, a worker process was once left running with no parent (an
 agent-loop worker, its main thread blocked in its exit, 800 MB resident, minutes after the run ended: seen 1 run in
 3 here). ``stop_local_instance`` waits for every process the instance's raylet had started and stops those that
-outlive the shutdown, so a finished run leaves nothing behind.
+outlive the shutdown (SIGTERM, then SIGKILL), so a finished run leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -116,11 +116,11 @@ def init_ray_bounded(kwargs: dict[str, Any], timeout_s: float, *, local: bool,
     _local_started = local
 
 
-def stop_local_instance(grace_s: float = 10.0) -> None:
+def stop_local_instance(grace_s: float = 2.0) -> None:
     """``ray.shutdown()`` of the local instance this process started, then the instance's worker processes (the
     raylet's descendants: Ray workers, vLLM's engine processes) that are still running ``grace_s`` later get SIGTERM,
-    and SIGKILL 5 s after that, with one warning naming them. A cluster joined through ``RAY_ADDRESS`` is left
-    alone."""
+    and those still running 3 s after that SIGKILL, with one warning naming them. At most ``grace_s`` + 4 s at the
+    end of a run. A cluster joined through ``RAY_ADDRESS`` is left alone."""
     global _local_started
     import psutil
     import ray
@@ -143,18 +143,21 @@ def stop_local_instance(grace_s: float = 10.0) -> None:
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
     if not alive:
         return
-    names = []
-    for proc in alive:
+    for proc in alive:  # SIGTERM, as Ray stops its workers; a loaded machine can still be tearing them down
         try:
-            names.append(f"{proc.name()} (pid {proc.pid})")
             proc.terminate()
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(alive, timeout=5)
-    for proc in alive:
+    logger.info(f"[rolloutpipe] {len(alive)} Ray process(es) still running {grace_s:g} s after ray.shutdown(): "
+                "sent SIGTERM")
+    _, stuck = psutil.wait_procs(alive, timeout=3)
+    names = []
+    for proc in stuck:
         try:
+            names.append(f"{proc.name()} (pid {proc.pid})")
             proc.kill()
         except psutil.NoSuchProcess:
             pass
-    logger.warning(f"[rolloutpipe] {len(names)} Ray process(es) outlived ray.shutdown() by {grace_s:g} s and were "
-                   f"stopped: {', '.join(names)}")
+    if names:
+        logger.warning(f"[rolloutpipe] {len(names)} Ray process(es) outlived ray.shutdown() and SIGTERM: killed "
+                       f"{', '.join(names)}")
