@@ -119,8 +119,9 @@ def init_ray_bounded(kwargs: dict[str, Any], timeout_s: float, *, local: bool,
 def stop_local_instance(grace_s: float = 2.0) -> None:
     """``ray.shutdown()`` of the local instance this process started, then the instance's worker processes (the
     raylet's descendants: Ray workers, vLLM's engine processes) that are still running ``grace_s`` later get SIGTERM,
-    and those still running 3 s after that SIGKILL, with one warning naming them. At most ``grace_s`` + 4 s at the
-    end of a run. A cluster joined through ``RAY_ADDRESS`` is left alone."""
+    and those still running 3 s after that SIGKILL, with one warning naming them. At most ``grace_s`` + 9 s at the
+    end of a run (1 s and the workers' own exit when nothing lingers). A cluster joined through ``RAY_ADDRESS`` is
+    left alone."""
     global _local_started
     import psutil
     import ray
@@ -158,6 +159,7 @@ def stop_local_instance(grace_s: float = 2.0) -> None:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
+    psutil.wait_procs(stuck, timeout=5)  # gone when this returns, not only signalled
     if names:
         logger.warning(f"[rolloutpipe] {len(names)} Ray process(es) outlived ray.shutdown() and SIGTERM: killed "
                        f"{', '.join(names)}")
