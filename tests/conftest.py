@@ -1,19 +1,24 @@
 """Shared by the on-policy equivalence tests (one machine: test_rolloutpipe_e2e.py; two Ray nodes:
-test_multinode.py), and the broken train set of the data checks (test_data_check.py; its run-time launch is
-test_lora.py's hybrid one)."""
+test_multinode.py); the broken train set and faulty reward of the data and reward checks (test_data_check.py,
+test_reward_guard.py; their run-time launch is test_resume.py's killed-replicas one); verl's LoRA keys (test_lora.py,
+and the hybrid LoRA run in test_rolloutpipe_e2e.py's streaming launch)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+FAULTY_REWARD = ROOT / "tests" / "data" / "faulty_reward.py"  # a reward function with every fault
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -126,6 +131,39 @@ def broken(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("data") / "broken.parquet"
     pd.DataFrame(rows).to_parquet(path)
     return path
+
+
+@pytest.fixture
+def bad_input(broken: Path, tmp_path: Path) -> SimpleNamespace:
+    """A launch on bad input that must lose nothing. ``overrides``: the broken train set with its bad rows skipped
+    (``on_bad_row=skip`` trains on a cleaned copy) and a reward function with every fault (raises, NaN, None, too
+    slow: tests/data/faulty_reward.py) behind the guard's 0.3 s timeout. ``lost_nothing(log, rounds)`` checks the
+    launch afterwards: the bad rows counted and skipped, and each of its first ``rounds`` rounds trained all 16 groups
+    with the reward faults counted (scored 0), never a NaN score."""
+    clean = tmp_path / "clean"
+
+    def lost_nothing(log: str, rounds: int, mode: str = "cgp_fgd") -> None:
+        assert "broken.parquet: 64 rows, 2 skipped as malformed, 1 overlong" in log
+        assert (clean / "broken.clean.parquet").exists()
+        errors = [int(x) for x in re.findall(rf"\[rolloutpipe\] round \d+ mode={mode} .*reward_errors=(\d+)", log)]
+        assert len(errors) >= rounds and all(e > 0 for e in errors[:rounds]), (errors, log[-3000:])
+        consumed = [float(c) for c in re.findall(r"rolloutpipe/groups_trained:([0-9.]+)", log)]
+        assert consumed[:rounds] == [16.0] * rounds, consumed
+        assert not any(math.isnan(float(x)) for x in re.findall(r"critic/score/mean:([0-9.na]+)", log))
+
+    overrides = [f"data.train_files={broken}", "rolloutpipe.data_check.on_bad_row=skip",
+                 "data.filter_overlong_prompts=true", f"rolloutpipe.data_check.clean_dir={clean}",
+                 f"reward.custom_reward_function.path={FAULTY_REWARD}", "rolloutpipe.reward_guard.timeout_s=0.3"]
+    return SimpleNamespace(overrides=overrides, lost_nothing=lost_nothing)
+
+
+@pytest.fixture(scope="session")
+def lora() -> SimpleNamespace:
+    """verl's LoRA keys (rank-8 adapters on every linear layer) and the adapter's size on the embedded models (both
+    tasks share the architecture): 2 layers x (q, k, v, o, gate, up, down), 4 bytes per parameter -- what the π_old
+    snapshot holds instead of the frozen base."""
+    return SimpleNamespace(keys=["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
+                                 "actor_rollout_ref.model.target_modules=all-linear"], adapter_bytes=155648)
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Bad data is found before any worker starts: malformed rows, overlong prompts, a truncated file; with
 ``on_bad_row=skip`` the real stack trains on the cleaned copy (with a faulty reward function too: one launch, shared
-with a LoRA run, tests/test_lora.py)."""
+with the killed-replicas run, tests/test_resume.py)."""
 
 from __future__ import annotations
 

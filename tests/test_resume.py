@@ -161,12 +161,16 @@ def test_a_resumed_run_equals_the_uninterrupted_one_and_a_killed_trainer_names_i
 
 
 @pytest.mark.real_stack(runs=1)
-def test_killed_rollout_replicas_fail_over_then_stop_with_the_resume_message(tmp_path):
+def test_killed_rollout_replicas_fail_over_then_stop_with_the_resume_message(tmp_path, bad_input):
     """Two standalone replicas. One vLLM server process SIGKILLed mid-run: it leaves routing and publication, its
     lost groups are re-sent to the survivor, the round completes with R groups trained once. Then the survivor
     SIGKILLed: no replica is left to re-send to, so that round fails without publishing and one message names the
-    last checkpoint."""
-    cmd = [sys.executable, "-m", "recipe.rolloutpipe.main", "rolloutpipe.layout=disaggregated",
+    last checkpoint.
+
+    The same launch (a launch is ~2 min of the suite) carries the run-time half of tests/test_data_check.py and
+    tests/test_reward_guard.py: bad rows skipped and every fault of the reward function firing inside verl's reward
+    loop, with nothing lost (conftest's ``bad_input``)."""
+    cmd = [sys.executable, "-m", "recipe.rolloutpipe.main", *bad_input.overrides, "rolloutpipe.layout=disaggregated",
            "rolloutpipe.rollout_replicas=2", "trainer.total_training_steps=4", "trainer.save_freq=1",
            "trainer.val_before_train=false", "trainer.test_freq=-1", "rolloutpipe.stall_timeout_s=120",
            f"trainer.default_local_dir={tmp_path}/d", f"rolloutpipe.timeline_dir={tmp_path}/tl",
@@ -207,3 +211,4 @@ def test_killed_rollout_replicas_fail_over_then_stop_with_the_resume_message(tmp
     assert stop.group(1) == "3" and stop.group(2).endswith("global_step_2") and stop.group(3) == "3"
     assert (tmp_path / "d" / "global_step_2" / "rolloutpipe_state.json").exists()
     assert not (tmp_path / "tl" / "round0003_cgp_fgd.json").exists()
+    bad_input.lost_nothing(log, rounds=2)  # the rounds that completed

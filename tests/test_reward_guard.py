@@ -1,5 +1,5 @@
 """Bad reward output is handled by policy: scored 0 and counted, or one clear error; never a hang. (On the real
-stack: tests/test_lora.py's hybrid launch, with bad rows and this faulty reward.)"""
+stack: tests/test_resume.py's killed-replicas launch, with bad rows and this faulty reward.)"""
 
 from __future__ import annotations
 

@@ -55,7 +55,8 @@ NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 # one stack run checking several things (a stack start-up is ~100 s of the suite): priority admission with verl's
 # dynamic sampling (replacement prompts), verl's GRPO example keys and validation, on the agentic task (task=agentic:
 # verl's multi-turn ToolAgentLoop, a calculator tool with heavy-tailed latency) scored by a slow async reward
-# (reward_fn=sandbox: a seeded heavy-tailed latency per response).
+# (reward_fn=sandbox: a seeded heavy-tailed latency per response), with LoRA in the hybrid layout (the conftest's
+# `lora` keys: verl loads the adapter into vLLM from tensors every round; the disaggregated one: tests/test_lora.py).
 # hold with the measured width: test_verify_onpolicy_is_exact below; sync: tests/test_resume.py (its uninterrupted
 # run checks sync's rounds, left short by dynamic sampling)
 STREAMING = ["task=agentic", "reward_fn=sandbox", "rolloutpipe.fgd_strength=priority",
@@ -64,12 +65,16 @@ STREAMING = ["task=agentic", "reward_fn=sandbox", "rolloutpipe.fgd_strength=prio
 
 
 @pytest.mark.real_stack(runs=1)
-def test_streaming_rounds(tmp_path):
+def test_streaming_rounds(tmp_path, lora):
     mode = "cgp_fgd"
-    log = run_main(tmp_path, f"rolloutpipe.mode={mode}", "trainer.total_training_steps=2", *STREAMING)
-    # the KL term is in verl's update metrics, once per round
+    log = run_main(tmp_path, f"rolloutpipe.mode={mode}", "trainer.total_training_steps=2", *STREAMING, *lora.keys)
+    # the KL term is in verl's update metrics, once per round; with LoRA the reference is the actor with its adapter
+    # disabled, so the term is above 0 once the adapter has trained
     kl = [float(x) for x in re.findall(r"kl_loss:np\.float64\(([^)]+)\)", log)]
     assert len(kl) == 2 and min(kl) > 0, (kl, log[-3000:])
+    assert "get_unstacked_mapper" not in log  # verl's adapter loader on vLLM 0.31 (vllm_compat)
+    snapshot = {float(b) for b in re.findall(r"rolloutpipe/snapshot_bytes:([0-9.]+)", log)}
+    assert snapshot == {lora.adapter_bytes}, snapshot  # π_old keeps what the optimizer changes: the adapter
     # verl's validation (greedy, the val set) after the last round (test_freq > 0), not before training
     [val] = re.findall(r"\[rolloutpipe\] done: .*? validation \[\(2, ([0-9.]+)\)\]", log)
     assert 0 <= float(val) <= 1 and "validation after round 0" not in log, log[-3000:]
@@ -119,7 +124,8 @@ def test_streaming_rounds(tmp_path):
     assert record["wall_s"] > 0 and len(record["git_commit"]) >= 40 and "trainer.total_training_steps=2" in \
         record["overrides"]
     # multi-turn groups: the warm start calls the tool in some answers, so every round trains responses with a
-    # tool's turn inside (masked out of the loss); on the model's own tokens vLLM's log-probs are the trainer's
+    # tool's turn inside (masked out of the loss); on the model's own tokens vLLM's log-probs are the trainer's (round
+    # 2 sampled with the adapter trained in round 1: it reached vLLM)
     tool = [int(x) for x in re.findall(r"\[rolloutpipe\] round \d+ .*?tool_tokens=(\d+) ", log)]
     gap = [float(x) for x in re.findall(r"\[rolloutpipe\] round \d+ .*?lp_diff_p50=([0-9.e+-]+) ", log)]
     assert len(tool) == 2 and min(tool) > 0 and len(gap) == 2 and max(gap) <= 5e-5, (tool, gap)
