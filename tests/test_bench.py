@@ -374,9 +374,12 @@ def test_bench_runs_all_modes_on_the_real_stack(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "recipe.rolloutpipe.bench", "--json", str(tmp_path / "records.json"),
          f"rolloutpipe.bench.out_dir={tmp_path}/results",
-         # the multi-turn workload too, at most one tool call per response (its turns share the 48-token cap)
+         # the multi-turn workload too, at most one tool call per response (its turns share the 48-token cap), the
+         # tool's latency a tenth of the bench's (this checks the turns, not the environment's tail)
          "rolloutpipe.bench.workloads=[sci-longtail,agentic-longtail]",
          "rolloutpipe.bench.profiles.agentic-longtail.max_calls=1", "rolloutpipe.bench.sizes=[4]",
+         "rolloutpipe.bench.profiles.agentic-longtail.latency_p50_s=0.04",
+         "rolloutpipe.bench.profiles.agentic-longtail.latency_max_s=0.8",
          "rolloutpipe.bench.modes=[stock,sync,cgp,cgp_fgd:priority+groups,cgp_fgd:paced@rollout]",
          "rolloutpipe.bench.rounds=1", "rolloutpipe.bench.warmup_rounds=0", "data.max_response_length=48",
          f"trainer.default_local_dir={tmp_path}/ckpt"],

@@ -192,8 +192,8 @@ def verify_in_trainer(trainer) -> dict:  # a RolloutPipeTrainer, workers started
     wg.save_train_state("round_start")
     start_weights = wg.get_weights()[0]
 
-    result = _check_round(trainer, first_batch, start_weights)
-    control = _check_round(trainer, first_batch, start_weights, stale_publish=True)
+    result, regenerated = _check_round(trainer, first_batch, start_weights)
+    control, _ = _check_round(trainer, first_batch, start_weights, stale_publish=True, regenerated=regenerated)
     result["negative_control"] = {
         "injected": "weights after optimizer step 1 published to vLLM mid-round (later groups sampled from π_v+1)",
         "responses_differing": control["responses_differing"],
@@ -252,10 +252,12 @@ def _counting_calls(wg) -> Iterator[Counter]:
             delattr(wg, name)
 
 
-def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: dict,
-                 stale_publish: bool = False) -> dict:
+def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: dict, stale_publish: bool = False,
+                 regenerated: dict[int, DataProto] | None = None) -> tuple[dict, dict[int, DataProto]]:
     """One pipelined round from the round's start state (with the off-policy bug injected if ``stale_publish``),
-    then the serial reference from the same state; what differs."""
+    then the serial reference from the same state; what differs, and the serial run's generated groups.
+    ``regenerated``: those groups from an earlier call (the same start state, weights and seeds generate the same
+    round: the negative control reuses the clean check's instead of generating it a third time)."""
     wg, k = trainer.actor_rollout_wg, trainer.settings.group_size
     wg.load_train_state("round_start")
     trainer.checkpoint_manager.update_weights(0)
@@ -275,7 +277,8 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
     trainer.checkpoint_manager.update_weights(0)
     uids = list(batch.non_tensor_batch["uid"])
     order = [uids.index(u) for u in rows.non_tensor_batch["uid"][::k]]  # group ids in training order
-    regenerated = _regenerate_serially(trainer, first_batch(), uids)
+    if regenerated is None:
+        regenerated = _regenerate_serially(trainer, first_batch(), uids)
     serial = _score_batchwise(trainer, DataProto.concat([regenerated[g] for g in order]))
     same = (serial.batch["responses"] == rows.batch["responses"]).all(-1)
     differing = int((~same).sum())
@@ -305,7 +308,9 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
     trainer._update_actor(serial)
     serial_grads = wg.pop_step_grads()[0]
     serial_weights = wg.get_weights()[0]
-    replay = _replay_one_group_per_call(trainer, rows) if trainer.settings.train_unit == "groups" else None
+    # (the negative control reports what its round trained against the serial one: no replay of it)
+    replay = _replay_one_group_per_call(trainer, rows) \
+        if trainer.settings.train_unit == "groups" and not stale_publish else None
     wg.record_step_grads(False)
 
     assert len(pipe_grads) == len(serial_grads) == R // U, (len(pipe_grads), len(serial_grads))
@@ -360,7 +365,7 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
         result["max_abs_weight_diff_one_group_per_call"] = _max_abs_diff(weights, serial_weights)
         result["max_abs_grad_diff_one_group_per_call"] = max(
             _max_abs_diff(p, s) for p, s in zip(grads, serial_grads, strict=True))
-    return result
+    return result, regenerated
 
 
 def _replay_one_group_per_call(trainer, rows: DataProto) -> tuple[dict, list[dict]]:
