@@ -167,9 +167,10 @@ KL = ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_lo
     # groups with KL: tests/test_multinode.py (two ranks on two Ray nodes, one launch for both)
 ])
 @pytest.mark.real_stack(runs=1)
-def test_verify_onpolicy_is_exact(tmp_path, train_unit, extra, verify_onpolicy):
-    v, log = verify_onpolicy(tmp_path, train_unit, *extra)
-    assert v["kl_loss"]
+def test_verify_onpolicy_is_exact(tmp_path, train_unit, extra, verify_onpolicy, lora):
+    # with LoRA (hybrid: the adapter loaded into vLLM; the reference is the actor without it): measured exact too
+    v, log = verify_onpolicy(tmp_path, train_unit, *extra, *lora.keys)
+    assert v["kl_loss"] and v["snapshot_bytes"] == lora.adapter_bytes, v  # π_old's snapshot: the adapter only
     # the exact comparison covered multi-turn trajectories: responses with a tool's turn inside
     assert v["responses_with_tool_turns"] > 0 and v["tool_response_tokens"] > 0, v
     # a whole run's console (driver, verl workers, vLLM server and engine): none of the known start-up noise

@@ -54,6 +54,7 @@ from verl.trainer.ppo.core_algos import FixedKLController
 from verl.trainer.ppo.ray_trainer import apply_kl_penalty
 
 from .logs import get_logger
+from .pipeline import PREFIX
 from .provenance import git_commit, machine
 from .rollout_stream import GroupRequest, GroupRolloutStream
 from .round_metrics import tool_turn_tokens
@@ -268,6 +269,7 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
     trained, step_outputs, calls = result.trained, result.step_outputs, result.calls_per_step
     reward_kl = result.metrics.get("actor/reward_kl_penalty")  # algorithm.use_kl_in_reward: the round's mean KL
     reward_kl_beta = result.metrics.get("actor/reward_kl_penalty_coeff")
+    snapshot_bytes = result.metrics.get(PREFIX + "snapshot_bytes")  # π_old's snapshot: with LoRA, the adapter only
     pipe_grads = wg.pop_step_grads()[0]
     pipe_weights = wg.get_weights()[0]
     rows = DataProto.concat(trained)  # the round in training order
@@ -356,6 +358,7 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
         "groups_with_reward_variance_per_step": [
             sum(bool(g.abs().sum() > 0) for g in step.split(k))
             for step in rows.batch["advantages"].split(rows_per_step)],
+        "snapshot_bytes": snapshot_bytes,
         "R": R, "U": U, "K": k, "optimizer_steps": len(pipe_grads),
         "train_unit": trainer.settings.train_unit, "calls_per_step": calls,
         "trainer_pool_calls": dict(pool_calls),  # the pipelined round's training-side worker calls, by method
