@@ -142,10 +142,10 @@ def bad_input(broken: Path, tmp_path: Path) -> SimpleNamespace:
     with the reward faults counted (scored 0), never a NaN score."""
     clean = tmp_path / "clean"
 
-    def lost_nothing(log: str, rounds: int, mode: str = "cgp_fgd") -> None:
+    def lost_nothing(log: str, rounds: int) -> None:
         assert "broken.parquet: 64 rows, 2 skipped as malformed, 1 overlong" in log
         assert (clean / "broken.clean.parquet").exists()
-        errors = [int(x) for x in re.findall(rf"\[rolloutpipe\] round \d+ mode={mode} .*reward_errors=(\d+)", log)]
+        errors = [int(x) for x in re.findall(r"\[rolloutpipe\] round \d+ mode=cgp_fgd .*reward_errors=(\d+)", log)]
         assert len(errors) >= rounds and all(e > 0 for e in errors[:rounds]), (errors, log[-3000:])
         consumed = [float(c) for c in re.findall(r"rolloutpipe/groups_trained:([0-9.]+)", log)]
         assert consumed[:rounds] == [16.0] * rounds, consumed
