@@ -1,17 +1,11 @@
-"""Shared by the on-policy equivalence tests (one machine: test_rolloutpipe_e2e.py; two Ray nodes:
-test_multinode.py); the broken train set and faulty reward of the data and reward checks (test_data_check.py,
-test_reward_guard.py; their run-time launch is test_resume.py's killed-replicas one); verl's LoRA keys (test_lora.py,
-and the hybrid LoRA run in test_rolloutpipe_e2e.py's streaming launch)."""
+"""The suite's order (real-stack tests first); the broken train set and faulty reward of the data and reward checks
+(test_data_check.py, test_reward_guard.py; their run-time launch is test_resume.py's killed-replicas one); verl's LoRA
+keys (test_lora.py, and test_rolloutpipe_e2e.py's streaming and on-policy launches)."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
-import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -36,83 +30,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return int(mark.kwargs.get("runs", 1)) if mark else 0
 
     items.sort(key=runs, reverse=True)  # stable: file order within the same count
-
-
-def _run_and_check(tmp_path: Path, train_unit: str, *overrides: str,
-                   ray_address: str | None = None) -> tuple[dict, str]:
-    """``python -m recipe.rolloutpipe.verify_onpolicy`` (seeded sampling); asserts the equivalence contract and
-    returns the JSON and the log."""
-    env = dict(os.environ, RAY_ADDRESS=ray_address) if ray_address else None
-    out = subprocess.run([sys.executable, "-m", "recipe.rolloutpipe.verify_onpolicy",
-                          "--json", str(tmp_path / "v.json"), f"rolloutpipe.timeline_dir={tmp_path}/tl",
-                          f"hydra.run.dir={tmp_path}/hydra", f"rolloutpipe.train_unit={train_unit}",
-                          "rolloutpipe.sampling_seed=0", *overrides],
-                         capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
-    log = out.stdout + out.stderr
-    assert out.returncode == 0, log[-6000:]
-    v = json.loads((tmp_path / "v.json").read_text())
-    print(train_unit, {k: v[k] for k in v if "diff" in k or k == "calls_per_step"})
-    assert v["optimizer_steps"] == 4 and v["train_unit"] == train_unit
-    assert any(n > 0 for n in v["grad_norms_pipelined"])  # something was actually learned
-    assert v["weights_moved"] > 0
-    assert v["rollout_vs_snapshot_logprob_gap"] > 0  # vLLM's log-probs are not the trainer's: snapshot matters
-    # the serial reference regenerated the round (same weights, same seeds, all groups at once) and scored it
-    # batch-wise: the same responses, rewards and advantages
-    assert v["responses_differing"] == 0 and v["max_abs_sampling_logprob_diff"] <= 1e-4  # measured 7.6e-6
-    assert v["max_abs_reward_diff"] == 0.0 and v["max_abs_advantage_diff"] == 0.0
-    if train_unit in ("step", "steps"):  # π_old over the serial step's own rows and shapes: identical numbers
-        assert v["max_abs_old_logprob_diff"] == 0.0
-    else:  # groups: a call's rows are whichever groups had arrived, so its forward batches other rows together than
-        # the serial micro-batches (other padded lengths, other matmul blocking): float32 rounding, usually 0.0,
-        # once 2.9e-6 (two nodes, CI on f29dc38)
-        assert v["max_abs_old_logprob_diff"] <= 1e-5, v["max_abs_old_logprob_diff"]
-    # negative control: weights published mid-round -> later groups sampled off-policy; the check must see it
-    nc = v["negative_control"]
-    assert nc["detected"] and nc["max_abs_sampling_logprob_diff"] > 1e-3, nc  # measured 5.7e-2
-    if nc["responses_differing"]:  # tokens sampled from π_v+1 train other weights; when the same seeds drew the same
-        # tokens (seen once after a warm-up round, sampling log-probs 0.31 off), training is unchanged: π_old is the
-        # trainer's snapshot, not vLLM's
-        assert nc["max_abs_weight_diff"] > 10 * max(v["max_abs_weight_diff"], 1e-6), nc
-    if v["kl_in_reward"]:  # PPO's KL penalty in the reward: the checked round starts one round away from the
-        # reference, the penalty moved the rewards, and the advantages above (0.0) are the penalised ones (verl's
-        # default `kl` estimator, log π_old - log π_ref, has either sign per token: its mean was -7.6e-3 on the
-        # agentic task)
-        assert v["reward_kl_penalty"] != 0 and v["max_abs_reward_kl_shift"] > 0, v
-        assert v["max_abs_ref_logprob_diff"] == 0.0 and v["ref_vs_old_logprob_gap"] > 1e-4
-    elif v["kl_loss"]:  # KL to the reference policy: the same reference log-probs as the serial batch's; the
-        # reference is the model's starting weights, which this round starts from, so it computes π_old's numbers (a
-        # reference in another precision or model would not: bf16 was off by 0.45); verl's KL term is ~0 on the
-        # first step and grows once the policy has moved
-        exact = train_unit in ("step", "steps")  # groups: float32 rounding, as π_old above
-        assert v["max_abs_ref_logprob_diff"] <= (0.0 if exact else 1e-5) and v["ref_vs_old_logprob_gap"] <= 1e-4
-        kl = v["kl_loss_per_step"]
-        assert None not in kl and max(abs(x) for x in kl[1:]) > 10 * abs(kl[0]), kl
-    pool_calls = v["trainer_pool_calls"]
-    trained_in = "accumulate" if train_unit == "groups" else "update_actor_in_round"
-    if train_unit == "steps":  # one call for the whole steps ready: several steps' call counts for each of them
-        assert 1 <= pool_calls[trained_in] <= sum(v["calls_per_step"]), pool_calls
-        print("steps: trainer calls", pool_calls[trained_in], "for", v["optimizer_steps"], "optimizer steps")
-    else:
-        assert pool_calls[trained_in] == sum(v["calls_per_step"]), pool_calls  # one worker call per dispatch
-    if not v["kl_in_reward"]:  # π_old (and with groups, the closing optimizer step) inside that call: no other
-        assert set(pool_calls) == {trained_in}, pool_calls
-    if train_unit in ("step", "steps"):  # verl's update over whole steps, the serial steps' shapes: identical numbers
-        assert v["calls_per_step"] == [1, 1, 1, 1]
-        assert v["max_abs_weight_diff"] == 0.0 and v["max_abs_grad_diff"] == 0.0  # architecture.md §2.3: aim for 0
-        assert v["grad_norms_pipelined"] == v["grad_norms_serial"]
-        return v, log
-    # groups: each step accumulated over calls of other shapes than the serial micro-batches, so the numbers
-    # agree to float32 summation order: gradients to ~1e-7 relative (measured 1.4e-7 absolute, 3e-7 one group per
-    # call, grad norms 0.3-0.95). AdamW divides by sqrt(v)+eps, which turns rounding noise in gradients that
-    # cancel to ~0 into updates of up to ~lr: weights agree to a small fraction of how far the round moved them,
-    # not bit for bit (measured 6e-8 .. 9.4e-6 across runs, 0.4-2.3 % of weights_moved).
-    scale = max(v["grad_norms_serial"])  # float32 rounding is relative to the size of the gradient
-    assert v["max_abs_grad_diff"] <= 2e-6 * scale and v["max_abs_grad_diff_one_group_per_call"] <= 2e-6 * scale
-    assert v["grad_norms_pipelined"] == pytest.approx(v["grad_norms_serial"], rel=5e-6)  # measured <= 1e-6
-    for key in ("max_abs_weight_diff", "max_abs_weight_diff_one_group_per_call"):
-        assert v[key] <= 0.05 * v["weights_moved"], (key, v[key], v["weights_moved"])
-    # (verl's per-call token-mean, without the fix, would weigh a split step's calls by 1/their tokens: off by O(grad))
-    return v, log
 
 
 @pytest.fixture(scope="session")
@@ -164,8 +81,3 @@ def lora() -> SimpleNamespace:
     snapshot holds instead of the frozen base."""
     return SimpleNamespace(keys=["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
                                  "actor_rollout_ref.model.target_modules=all-linear"], adapter_bytes=155648)
-
-
-@pytest.fixture
-def verify_onpolicy() -> Callable[..., tuple[dict, str]]:
-    return _run_and_check

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from ray.cluster_utils import Cluster
 
 from rolloutpipe_workers.known_noise import LOG_LINES, WARNINGS
 
@@ -145,35 +147,88 @@ def test_streaming_rounds(tmp_path, lora):
     assert len(zero) == 2 and all(float(z) == 0 for z in zero), zero
 
 
-# with verl's KL loss to a reference policy (its GRPO examples' setting; a large coefficient, so the term counts)
-KL = ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.5"]
+# The on-policy equivalence check (architecture.md §2) on two Ray nodes (Ray's own ``ray.cluster_utils.Cluster``: two
+# raylets, one logical device each), launched with RAY_ADDRESS as on a real cluster: verl places one trainer placement
+# group per node, so the two FSDP2 ranks (gloo) run on different nodes and the check runs with data parallelism 2.
+# One launch (a launch is ~2 min of the suite) carries every setting the check must hold under:
+# - the default train unit, step (one verl update per optimizer step, the serial step's own rows and shapes: 0.0);
+#   the groups unit's path (an accumulate call per group, π_old and the reference per call, the token-mean divisor
+#   all-reduced across the ranks) replayed one group per call from the same start state, against the serial weights
+#   (float32 summation order); steps shares step's call path, tests/test_lora.py runs it;
+# - the agentic task (task=agentic): verl's multi-turn ToolAgentLoop, a calculator tool with heavy-tailed latency,
+#   ~30 % of the trajectories call it (tool turns masked out of the loss);
+# - verl's KL loss to a reference policy (a large coefficient, so the term counts) and PPO's KL penalty in the reward
+#   with the adaptive coefficient (applied per dispatched step, advantages after it; in step mode π_old and the
+#   reference come in the serial run's call shapes, so the penalised advantages are exact);
+# - LoRA in the hybrid layout (the adapter loaded into vLLM; the reference is the actor without it);
+# - FGD's hold strength with the measured width (frontier_width=auto: U in the first round, then measured).
+VERIFIED = ["rolloutpipe.train_unit=step", "rolloutpipe.sampling_seed=0", "trainer.nnodes=2",
+            "trainer.n_gpus_per_node=1", "task=agentic", "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.actor.kl_loss_coef=0.5", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+            "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.kl_coef=0.5",
+            "rolloutpipe.fgd_strength=hold", "rolloutpipe.frontier_width=auto"]
 
 
-@pytest.mark.parametrize(("train_unit", "extra"), [
-    # and PPO's KL penalty in the reward, adaptive coefficient (applied per dispatched step, advantages after it).
-    # Step mode: π_old and the reference come in the serial run's call shapes, so the penalised advantages are
-    # exact. (Per group they differ by float rounding, ~1e-6, which GRPO amplifies in a group whose K scores are
-    # equal: its advantages are then the KL term alone over its tiny spread -- verl's semantics, measured 0.2.)
-    # step is the default train unit (one call per optimizer step); steps shares its call path (whole steps through
-    # one verl update) and sync's multi-step call (tests/test_bench.py: sync's round of 2 steps in one call;
-    # tests/test_lora.py runs steps), with the FIFO's ready-steps release property-tested
-    # (tests/test_pipeline_core.py)
-    # On the agentic task (task=agentic): verl's multi-turn ToolAgentLoop, a calculator tool with heavy-tailed
-    # latency; ~30 % of the trajectories call it (tool turns masked out of the loss), the rest answer directly.
-    # FGD's hold strength with the measured width (frontier_width=auto: U in the first round, then measured).
-    ("step", ["task=agentic", *KL, "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "algorithm.use_kl_in_reward=true",
-              "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.kl_coef=0.5", "rolloutpipe.fgd_strength=hold",
-              "rolloutpipe.frontier_width=auto"]),
-    # groups with KL: tests/test_multinode.py (two ranks on two Ray nodes, one launch for both)
-])
+def verify_on_two_nodes(tmp_path: Path, *overrides: str) -> tuple[dict, str]:
+    """``python -m recipe.rolloutpipe.verify_onpolicy`` against a two-node Ray cluster; its JSON and log."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 8, "num_gpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=8, num_gpus=1)
+    try:
+        out = subprocess.run([sys.executable, "-m", "recipe.rolloutpipe.verify_onpolicy",
+                              "--json", str(tmp_path / "v.json"), f"rolloutpipe.timeline_dir={tmp_path}/tl",
+                              f"hydra.run.dir={tmp_path}/hydra", *overrides],
+                             capture_output=True, text=True, timeout=900, cwd=ROOT,
+                             env=dict(os.environ, RAY_ADDRESS=cluster.address))
+    finally:
+        cluster.shutdown()
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-6000:]
+    return json.loads((tmp_path / "v.json").read_text()), log
+
+
 @pytest.mark.real_stack(runs=1)
-def test_verify_onpolicy_is_exact(tmp_path, train_unit, extra, verify_onpolicy, lora):
-    # with LoRA (hybrid: the adapter loaded into vLLM; the reference is the actor without it): measured exact too
-    v, log = verify_onpolicy(tmp_path, train_unit, *extra, *lora.keys)
-    assert v["kl_loss"] and v["snapshot_bytes"] == lora.adapter_bytes, v  # π_old's snapshot: the adapter only
+def test_verify_onpolicy_is_exact(tmp_path, lora):
+    v, log = verify_on_two_nodes(tmp_path, *VERIFIED, *lora.keys)
+    print({k: v[k] for k in v if "diff" in k or k == "calls_per_step"})
+    assert "[rolloutpipe] trainer pool: 2 FSDP rank(s) on 2 Ray node(s)" in log, log[-3000:]
+    assert v["optimizer_steps"] == 4 and v["train_unit"] == "step"
+    assert any(n > 0 for n in v["grad_norms_pipelined"])  # something was actually learned
+    assert v["weights_moved"] > 0
+    assert v["rollout_vs_snapshot_logprob_gap"] > 0  # vLLM's log-probs are not the trainer's: snapshot matters
+    # the serial reference regenerated the round (same weights, same seeds, all groups at once) and scored it
+    # batch-wise: the same responses, rewards and (KL-penalised) advantages
+    assert v["responses_differing"] == 0 and v["max_abs_sampling_logprob_diff"] <= 1e-4  # measured 7.2e-7
+    assert v["max_abs_reward_diff"] == 0.0 and v["max_abs_advantage_diff"] == 0.0
+    # verl's update over whole steps, in the serial steps' rows and shapes: identical numbers (architecture.md §2.3)
+    assert v["calls_per_step"] == [1, 1, 1, 1]
+    assert v["max_abs_old_logprob_diff"] == 0.0 and v["max_abs_ref_logprob_diff"] == 0.0
+    assert v["max_abs_weight_diff"] == 0.0 and v["max_abs_grad_diff"] == 0.0
+    assert v["grad_norms_pipelined"] == v["grad_norms_serial"]
+    # the groups unit's path, one group per call: other call shapes than the serial micro-batches, so the numbers
+    # agree to float32 summation order: gradients to ~1e-7 relative (measured 1e-8 absolute on two ranks, grad norms
+    # 0.03-0.09); AdamW divides by sqrt(v)+eps, which turns rounding noise in gradients that cancel to ~0 into updates
+    # of up to ~lr: weights agree to a small fraction of how far the round moved them (measured 1.5e-8, 2 % of it)
+    assert v["max_abs_grad_diff_one_group_per_call"] <= 2e-6 * max(v["grad_norms_serial"])
+    assert v["max_abs_weight_diff_one_group_per_call"] <= 0.05 * v["weights_moved"]
+    # (verl's per-call token-mean, without the fix, would weigh a split step's calls by 1/their tokens: off by O(grad))
+    # the KL penalty in the reward: the checked round starts one round away from the reference (a round of training
+    # first), the penalty moved the rewards, and the advantages above (0.0) are the penalised ones
+    assert v["kl_loss"] and v["kl_in_reward"], v
+    assert v["reward_kl_penalty"] != 0 and v["max_abs_reward_kl_shift"] > 0 and v["ref_vs_old_logprob_gap"] > 1e-4
+    assert None not in v["kl_loss_per_step"]
+    # one verl update per optimizer step; π_old and the reference computed per step for the penalty before it
+    assert v["trainer_pool_calls"]["update_actor_in_round"] == 4, v["trainer_pool_calls"]
+    # negative control: weights published mid-round -> later groups sampled off-policy; the check must see it
+    nc = v["negative_control"]
+    assert nc["detected"] and nc["max_abs_sampling_logprob_diff"] > 1e-3, nc  # measured 2.2e-2
+    if nc["responses_differing"]:  # tokens sampled from π_v+1 train other weights; when the same seeds drew the same
+        # tokens (sampling log-probs 0.02 off), training is unchanged: π_old is the trainer's snapshot, not vLLM's
+        assert nc["max_abs_weight_diff"] > 10 * max(v["max_abs_weight_diff"], 1e-6), nc
+    # LoRA: π_old's snapshot on rank 0 is its shard of the adapter (FSDP over the two ranks), not of the frozen base
+    assert v["snapshot_bytes"] == lora.adapter_bytes / 2, v
     # the exact comparison covered multi-turn trajectories: responses with a tool's turn inside
     assert v["responses_with_tool_turns"] > 0 and v["tool_response_tokens"] > 0, v
-    # a whole run's console (driver, verl workers, vLLM server and engine): none of the known start-up noise
+    # a whole run's console (driver, verl workers, vLLM servers and engines): none of the known start-up noise
     # (rolloutpipe_workers/known_noise.py) reaches it, while the recipe's own lines still do
     assert not [n.text for n in (*LOG_LINES, *WARNINGS) if n.text in log]
     assert "[rolloutpipe] round 1 mode=cgp_fgd" in log

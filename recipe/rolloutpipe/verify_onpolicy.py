@@ -24,10 +24,10 @@ must match too. Written:
   the same serial reference: ``detected`` (some response differs, or vLLM's log-prob of a sampled token differs by
   more than float32 rounding of another batch shape) must be true, with its ``responses_differing``,
   ``max_abs_sampling_logprob_diff`` and ``max_abs_weight_diff``;
-- with ``rolloutpipe.train_unit=groups`` also ``max_abs_weight_diff_one_group_per_call``: the round replayed from the
-  same start state through the streaming worker API with *one group per call* (U ``accumulate`` calls per
-  optimizer step, π_old from the live weights / the snapshot), against the serial weights -- the case the pipelined
-  run reaches only when its groups happen to arrive one by one;
+- ``max_abs_weight_diff_one_group_per_call`` and ``max_abs_grad_diff_one_group_per_call``, whatever the train unit:
+  the round replayed from the same start state through the ``groups`` unit's worker API with *one group per call*
+  (U ``accumulate`` calls per optimizer step, π_old from the live weights / the snapshot), against the serial
+  weights -- the case a ``groups`` run reaches when its groups arrive one by one, so one launch checks both paths;
 - with KL to a reference policy: ``max_abs_ref_logprob_diff`` (per step vs whole batch), ``kl_loss_per_step``; with
   ``algorithm.use_kl_in_reward`` the serial side applies verl's penalty to the whole batch before its advantages
   (so ``max_abs_advantage_diff`` compares the penalised ones), and a round of training comes first -- the penalty is
@@ -311,8 +311,7 @@ def _check_round(trainer, first_batch: Callable[[], DataProto], start_weights: d
     serial_grads = wg.pop_step_grads()[0]
     serial_weights = wg.get_weights()[0]
     # (the negative control reports what its round trained against the serial one: no replay of it)
-    replay = _replay_one_group_per_call(trainer, rows) \
-        if trainer.settings.train_unit == "groups" and not stale_publish else None
+    replay = None if stale_publish else _replay_one_group_per_call(trainer, rows)
     wg.record_step_grads(False)
 
     assert len(pipe_grads) == len(serial_grads) == R // U, (len(pipe_grads), len(serial_grads))
@@ -439,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     result["overrides"] = list(args.overrides)  # what was checked beyond the fixed round above (KL, train unit)
     args.json.write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
-    # the two binary facts; the numeric tolerances are the tests' (tests/conftest.py)
+    # the two binary facts; the numeric tolerances are the test's (tests/test_rolloutpipe_e2e.py)
     return 0 if result["responses_differing"] == 0 and result["negative_control"]["detected"] else 1
 
 
