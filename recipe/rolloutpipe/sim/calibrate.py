@@ -10,9 +10,13 @@ from .simulator import EngineModel, TrainerModel, simulate_round
 
 
 def bisect_increasing(f: Callable[[float], float], target: float, lo: float, hi: float, *,
-                      geometric: bool = False, iterations: int = 60) -> float:
-    """``x`` in [lo, hi] with ``f(x) ≈ target``, for ``f`` increasing in ``x``."""
+                      geometric: bool = False, iterations: int = 60, tol: float = 1e-6) -> float:
+    """``x`` in [lo, hi] with ``f(x) ≈ target``, for ``f`` increasing in ``x``: halved until the interval is within
+    ``tol`` (relative if ``geometric``, else absolute; measured times have ms resolution, so 1e-6 is ample) or after
+    ``iterations`` halvings."""
     for _ in range(iterations):
+        if (hi / lo - 1 if geometric else hi - lo) <= tol:
+            break
         mid = (lo * hi) ** 0.5 if geometric else (lo + hi) / 2
         lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
     return (lo * hi) ** 0.5 if geometric else (lo + hi) / 2
