@@ -131,3 +131,21 @@ def test_bench_mode_specs_become_the_simulators_round_shape():
     assert RoundSettings.from_record(ran.record()) == ran
     with pytest.raises(ValueError, match="without \\['fgd_strength', 'train_unit'\\]"):
         _spec("cgp_fgd", 24, {"K": 8, "U": 2, "F_w": 2, "max_num_seqs": 32})
+
+
+def test_bisection_stops_at_its_tolerance():
+    """The calibrations bisect a whole simulated round per evaluation: they stop once the interval is within 1e-6
+    (relative on the geometric scale, absolute on the linear one), not after a fixed 60 halvings."""
+    from recipe.rolloutpipe.sim.calibrate import bisect_increasing
+
+    calls = []
+
+    def f(x: float) -> float:
+        calls.append(x)
+        return x
+
+    assert bisect_increasing(f, 0.37, 1e-4, 1e4, geometric=True) == pytest.approx(0.37, rel=1e-6)
+    assert len(calls) <= 26  # log2(ln(1e8) / 1e-6) = 24.1 halvings
+    calls.clear()
+    assert bisect_increasing(f, 1.3, 0.0, 4.0) == pytest.approx(1.3, abs=1e-6)
+    assert len(calls) <= 23  # log2(4 / 1e-6) = 21.9
