@@ -55,6 +55,8 @@ LOG_LINES = (
     Noise("vllm", "Default vLLM sampling parameters have been overridden by the model's",
           "verl sends every sampling parameter it uses with each request"),
     Noise("vllm", "Passing raw prompts to InputProcessor is deprecated", "how verl's vLLM server calls vLLM"),
+    Noise("vllm", "vLLM has deprecated support for supporting different tokenizers for different LoRAs",
+          "printed at the first adapter request whenever the engine has a tokenizer; the adapters here have none"),
     Noise("vllm", "VLLM_CPU_NUM_OF_RESERVED_CPU is less than the minimum", "a 2-core box has no core to reserve"),
     Noise("verl", "IPC is not supported on your devices", "CPU: shared memory is the transfer there is"),
     Noise("verl", "agent loop only support torch and npu profiler, got None", "no profiler is configured"),
