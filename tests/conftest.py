@@ -81,3 +81,14 @@ def lora() -> SimpleNamespace:
     snapshot holds instead of the frozen base."""
     return SimpleNamespace(keys=["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
                                  "actor_rollout_ref.model.target_modules=all-linear"], adapter_bytes=155648)
+
+
+@pytest.fixture(scope="session")
+def lp_gap_bound() -> float:
+    """``rolloutpipe.max_logprob_gap_p50`` as the CPU overlay sets it (config/platform/cpu.yaml, its one home): the
+    round's median |vLLM log-prob - trainer log-prob| above which a run stops (the engine does not have the trainer's
+    weights), and the tests' bound on a round whose engine has them."""
+    from omegaconf import OmegaConf
+
+    overlay = OmegaConf.load(ROOT / "recipe" / "rolloutpipe" / "config" / "platform" / "cpu.yaml")
+    return float(overlay.rolloutpipe.max_logprob_gap_p50)
