@@ -51,7 +51,7 @@ LOG_LINES = (
     Noise("vllm", "Enforce eager set", "set by the recipe on CPU (docs/cpu_stack.md)"),
     Noise("vllm", "Inductor compilation was disabled", "same"),
     Noise("vllm", "Reset SSM cache type", "a Mamba setting; the model has no SSM layers"),
-    Noise("vllm", "LoRA dynamic loading & unloading is enabled", "verl's vLLM server enables it; no LoRA here"),
+    Noise("vllm", "LoRA dynamic loading & unloading is enabled", "verl's vLLM server enables it, adapter or not"),
     Noise("vllm", "Default vLLM sampling parameters have been overridden by the model's",
           "verl sends every sampling parameter it uses with each request"),
     Noise("vllm", "Passing raw prompts to InputProcessor is deprecated", "how verl's vLLM server calls vLLM"),

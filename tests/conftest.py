@@ -1,6 +1,7 @@
 """The suite's order (real-stack tests first); the broken train set and faulty reward of the data and reward checks
 (test_data_check.py, test_reward_guard.py; their run-time launch is test_resume.py's killed-replicas one); verl's LoRA
-keys (test_lora.py, and test_rolloutpipe_e2e.py's streaming and on-policy launches)."""
+keys (test_lora.py, and test_rolloutpipe_e2e.py's streaming and on-policy launches); the log-prob gap bound those
+launches hold rounds to (test_lora.py, test_resume.py)."""
 
 from __future__ import annotations
 
