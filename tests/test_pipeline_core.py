@@ -369,10 +369,30 @@ def test_metrics_hand_computed():
     assert m["trainer_wait_s"] == 2 and m["trainer_wait_ratio"] == pytest.approx(2 / 7)
     assert m["trainer_wait_before_first_s"] == 2 and m["first_dispatch_s"] == 2
     assert m["rollout_s"] == 4  # last materialized at 5
+    assert m["last_group_admitted_s"] == 0  # g0, the last in, was admitted with g1 at the start
     # ideal = max(T_rollout + t_last_step, first_ready + T_train) = max(4 + 2, 2 + 5) = 7
     assert m["ideal_s"] == 7 and m["serial_estimate_s"] == 9
     assert m["overlap_efficiency"] == pytest.approx(1.0)
     assert m["publish_s"] == 0.5
+
+
+def test_the_last_groups_admission_is_the_part_of_the_rollout_fgd_added():
+    """hold with F_w=1, R=2: g1 is let in only when g0 is served (at 3), and is itself served 2 s later: the rollout
+    (5 s) is g1's admission (3 s in) plus its 2 s; under FCFS both start at 0."""
+    clock = ManualClock()
+    rnd = make_round(2, mode="cgp_fgd", clock=clock, frontier_width=1, fgd_strength="hold")
+    assert [a.group_id for a in rnd.admit()] == [0]
+    clock.advance_to(3)
+    rnd.served(0)
+    rnd.materialized(0)
+    assert [a.group_id for a in rnd.admit()] == [1]
+    rnd.trained(rnd.take(), 3, 4, trainer_version=0)
+    clock.advance_to(5)
+    rnd.served(1)
+    rnd.materialized(1)
+    rnd.trained(rnd.take(), 5, 6, trainer_version=0)
+    m = {k.removeprefix(PREFIX): v for k, v in rnd.timeline.metrics().items()}
+    assert m["rollout_s"] == 5 and m["last_group_admitted_s"] == 3
 
 
 def test_trainer_waiting_is_split_by_cause_and_adds_up():

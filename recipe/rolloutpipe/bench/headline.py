@@ -26,7 +26,7 @@ import numpy as np
 
 from ..pipeline.modes import STOCK
 from ..provenance import ROOT, git_commit, machine
-from .report import median_ci
+from .report import fraction_of_ideal, median_ci
 
 HEADLINE_JSON = ROOT / "docs" / "results" / "headline.json"
 HEADLINE_FIGURE = ROOT / "docs" / "results" / "headline_timelines.png"  # the README's figure: launch 1's rounds
@@ -63,9 +63,7 @@ def summarize(runs: list[dict], commit: str, rounds_per_run: int) -> dict[str, A
         recs = [(_record(run, mode), s) for run, s in zip(runs, stock, strict=True)]
         per_run = [list(rec["reduction_vs_verl_per_round"]) for rec, _ in recs if rec]
         pooled = [x for run in per_run for x in run if x == x]
-        fractions = [rec["reduction_vs_verl"] / (1 - rec["ideal_s"] / s["rollout_to_train_end_s"])
-                     for rec, s in recs
-                     if rec and s and rec.get("ideal_s") and rec["ideal_s"] < s["rollout_to_train_end_s"]]
+        fractions = [f for rec, s in recs if (f := fraction_of_ideal(rec, s)) is not None]
         out["modes"][mode] = {
             "median_reduction_vs_verl": float(np.median(pooled)) if pooled else float("nan"),
             "reduction_vs_verl_ci": median_ci(per_run),

@@ -17,7 +17,8 @@ from .pinning import CPU_CATEGORIES
 FORWARD = "rollout:VLLM::Worker"  # the rollout pool's process that runs the model (vLLM's CPU worker)
 
 METRICS = ("rollout_to_train_end_s", "trainer_wait_ratio", "first_dispatch_s", "overlap_efficiency",
-           "trainer_busy_s", "rollout_s", "ideal_s", "serial_estimate_s", "trainer_wait_before_first_s", "publish_s",
+           "trainer_busy_s", "rollout_s", "last_group_admitted_s", "ideal_s", "serial_estimate_s",
+           "trainer_wait_before_first_s", "publish_s",
            "old_log_prob_s", "worker_compute_s", "worker_infer_s", "worker_train_s", "call_overhead_s",
            "call_overhead_share", "trainer_calls", "trainer_payload_bytes", "trainer_payload_calls")
 # the critical path of rollout-to-train-end, in order; the parts add up to it (update: the rest of the trainer calls)
@@ -102,6 +103,15 @@ def _paired(rounds: list[dict], base: list[dict], key: str = "rollout_to_train_e
     return _median(per_round), _bootstrap_median_ci(per_round), per_round
 
 
+def fraction_of_ideal(rec: dict | None, stock_rec: dict | None) -> float | None:
+    """The cut a mode achieved against verl's step (``reduction_vs_verl``, medians over the same rounds) divided by
+    the cut of the mode's own bound, ``ideal_s`` (its rollout plus its last optimizer step, or its first group plus
+    all its training): 1.0 = as fast as that round's rollout allows. None without a bound below verl's step."""
+    if not (rec and stock_rec and rec.get("ideal_s") and rec["ideal_s"] < stock_rec["rollout_to_train_end_s"]):
+        return None
+    return rec["reduction_vs_verl"] / (1 - rec["ideal_s"] / stock_rec["rollout_to_train_end_s"])
+
+
 def overlap_efficiency_vs_stock(mode_round: dict, stock_round: dict, sync_round: dict | None,
                                 step_share: float) -> float:
     """architecture.md §4 with T_rollout, T_train and the serial estimate from verl's own (``stock``) run of the same
@@ -168,6 +178,8 @@ def summarize(raw: dict) -> dict[str, Any]:
             lo, hi = rec["reduction_vs_verl_ci"]
             rec["verdict_vs_verl"] = "faster" if lo > 0 else "slower" if hi < 0 else "no difference shown"
             if rec["mode"] != STOCK:
+                rec["fraction_of_ideal"] = fraction_of_ideal(rec, next(
+                    (x for x in records if (x["workload"], x["R"], x["mode"]) == (w, r_, STOCK)), None))
                 sync_rounds = {x["round"]: x for x in by_setting.get((w, r_, "sync"), [])}
                 stock_rounds = {x["round"]: x for x in stock}
                 share = (u / r_) if u else 0.0
@@ -250,13 +262,19 @@ def markdown(summary: dict[str, Any]) -> str:
         lines += ["", "Per round against verl's (`stock`) and `cgp`'s run of the same round (median ratio or "
                   "difference, 95 % CI): the rollout and the trainer pool's compute against verl's (targets: "
                   "within 10 %), and for FGD its rollout against FCFS's (within 5 %) and its first trainable "
-                  "group's arrival against FCFS's (earlier: below 0).", "",
+                  "group's arrival against FCFS's (earlier: below 0); when the group that ended the rollout was "
+                  "let into the engine (FGD's admission can delay it), and the cut achieved ÷ the cut of the mode's "
+                  "own bound (`ideal_s`).", "",
                   "| workload | R | mode | rollout / stock's | trainer compute / stock's | rollout / cgp's | "
-                  "first group − cgp's (s) |", "|---" * 7 + "|"]
+                  "first group − cgp's (s) | last group let in (s) | fraction of the ideal cut |",
+                  "|---" * 9 + "|"]
         for r in paired:
+            frac = r.get("fraction_of_ideal")
             lines.append(f"| {r['workload']} | {r['R']} | {r['mode']} | {_ci(r, 'rollout_vs_stock', False)} | "
                          f"{_ci(r, 'worker_compute_vs_stock', False)} | {_ci(r, 'rollout_vs_cgp', False)} | "
-                         f"{_ci(r, 'first_group_vs_cgp_s', False)} |")
+                         f"{_ci(r, 'first_group_vs_cgp_s', False)} | "
+                         f"{_fmt(r.get('last_group_admitted_s', float('nan')))} | "
+                         f"{'–' if frac is None else f'{frac:.2f}'} |")
     if summary.get("rollout_vs_R"):
         lines += ["", "Rollout time against R (serial modes, medians): least-squares line and R².", "",
                   "| workload | mode | R | rollout (s) | s per group | intercept (s) | R² |", "|---" * 7 + "|"]

@@ -128,6 +128,11 @@ class RoundTimeline:
         t_train = sum(iv.end - iv.start for iv in self.intervals)
         rollout_done = [g["times"][s] for g in self.groups for s in _ROLLOUT_DONE if s in g["times"]]
         t_rollout = max(rollout_done) - t0
+        # the round's rollout ends with its last group: when that group was let in (FGD can admit it late) and how
+        # long it then took are the two parts of T_rollout
+        last = max((g for g in self.groups if any(s in g["times"] for s in _ROLLOUT_DONE)),
+                   key=lambda g: max(g["times"][s] for s in _ROLLOUT_DONE if s in g["times"]))
+        last_admitted = last["times"].get(GroupState.ADMITTED.value, t0) - t0
         materialized = self._times(GroupState.MATERIALIZED.value)
         first_ready = (min(materialized) - t0) if materialized else math.nan
         per_step = self.seconds_per_step(kind=None)
@@ -144,6 +149,7 @@ class RoundTimeline:
             "trainer_wait_before_first_s": min(iv.start for iv in self.intervals) - t0,
             "first_dispatch_s": first_ready,
             "rollout_s": t_rollout,
+            "last_group_admitted_s": last_admitted,
             "ideal_s": ideal,
             "serial_estimate_s": serial,
             "overlap_efficiency": (serial - window) / (serial - ideal) if serial - ideal > 1e-9 else math.nan,
