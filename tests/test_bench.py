@@ -349,22 +349,26 @@ def test_mode_specs():
     assert parse_mode_spec("cgp_fgd:hold/4+groups@trainer") == ModeSpec("cgp_fgd", "hold", 4, "groups", "trainer")
 
 
-@pytest.mark.parametrize("overrides,mode,num_groups,width", [
-    ([], "cgp_fgd", 16, 8),  # the default strength, paced: the engine's width, ceil(2 * 32 slots / K=8)
-    ([], "cgp_fgd:hold", 16, 2),  # the config's null under hold is U, not paced's resolution of it
-    ([], "cgp_fgd:hold/engine", 4, 4),  # a width word resolved for this R (capped at R)
-    (["rolloutpipe.frontier_width=3"], "cgp_fgd:hold", 16, 3),
-    (["rolloutpipe.frontier_width=3"], "cgp_fgd:paced", 16, 8),  # paced takes its own unless the spec names one
-    (["rolloutpipe.frontier_width=auto"], "cgp_fgd:hold", 16, 2),  # auto starts at U
+@pytest.mark.parametrize("overrides,mode,num_groups,width,multi_turn", [
+    ([], "cgp_fgd", 16, 8, False),  # the default strength, paced: the engine's width, ceil(2 * 32 slots / K=8)
+    ([], "cgp_fgd", 16, 16, True),  # a workload that calls tools: paced lets the whole round in
+    ([], "cgp_fgd:hold", 16, 2, False),  # the config's null under hold is U, not paced's resolution of it
+    ([], "cgp_fgd:hold", 16, 2, True),  # ... with tools too: hold's frontier is what hold is for
+    ([], "cgp_fgd:hold/engine", 4, 4, False),  # a width word resolved for this R (capped at R)
+    ([], "cgp_fgd:hold/engine", 16, 16, True),
+    (["rolloutpipe.frontier_width=3"], "cgp_fgd:hold", 16, 3, False),
+    (["rolloutpipe.frontier_width=3"], "cgp_fgd:paced", 16, 8, False),  # paced takes its own unless the spec names one
+    (["rolloutpipe.frontier_width=3"], "cgp_fgd:paced/3", 16, 3, True),  # a number stays that number
+    (["rolloutpipe.frontier_width=auto"], "cgp_fgd:hold", 16, 2, False),  # auto starts at U
 ])
-def test_a_bench_mode_gets_the_width_of_its_own_strength_and_r(overrides, mode, num_groups, width):
+def test_a_bench_mode_gets_the_width_of_its_own_strength_and_r(overrides, mode, num_groups, width, multi_turn):
     from recipe.rolloutpipe.bench.__main__ import load_config
     from recipe.rolloutpipe.bench.runner import round_settings_for
     from recipe.rolloutpipe.config_check import validate
 
     cfg = load_config(False, overrides)
     run = validate(cfg)
-    settings = round_settings_for(cfg, mode, num_groups)
+    settings = round_settings_for(cfg, mode, num_groups, multi_turn)
     assert (settings.num_groups, settings.frontier_width) == (num_groups, width)
     assert settings.frontier_auto == ("auto" in "".join(overrides))
     # what the spec leaves alone is the run's: the one resolver, not a copy of its fields

@@ -87,6 +87,17 @@ def test_paced_takes_the_engine_width_unless_one_is_given():
     assert validate(cfg("rolloutpipe.fgd_strength=hold")).frontier_width == 4  # hold's default stays U
 
 
+def test_paced_lets_a_multi_turn_round_in_whole():
+    """With tools, a group let in late starts its trajectories' turn-and-tool chains late (docs/agentic.md): paced
+    and ``engine`` take the whole round whatever the engine's slots; hold and a number keep theirs."""
+    tools = ("actor_rollout_ref.rollout.multi_turn.enable=true", "actor_rollout_ref.rollout.max_num_seqs=32")
+    assert validate(cfg("rolloutpipe.fgd_strength=paced", *tools)).frontier_width == 16  # R, not 2 * 32 / K = 8
+    assert validate(cfg("rolloutpipe.fgd_strength=hold", "rolloutpipe.frontier_width=engine", *tools)
+                    ).frontier_width == 16
+    assert validate(cfg("rolloutpipe.fgd_strength=hold", *tools)).frontier_width == 4
+    assert validate(cfg("rolloutpipe.fgd_strength=paced", "rolloutpipe.frontier_width=3", *tools)).frontier_width == 3
+
+
 def test_kl_to_a_reference_policy_is_accepted():
     # verl's GRPO examples train with a KL loss (every kl_loss_type verl offers): streamed per step (trainer.py)
     for kind in ("kl", "abs", "mse", "low_var_kl", "full"):

@@ -30,6 +30,11 @@ def _get(cfg: DictConfig, key: str, default=None):
     return OmegaConf.select(cfg, key, default=default)
 
 
+def multi_turn(cfg: DictConfig) -> bool:
+    """Whether the run's trajectories call tools: verl's ``actor_rollout_ref.rollout.multi_turn.enable``."""
+    return bool(_get(cfg, "actor_rollout_ref.rollout.multi_turn.enable", False))
+
+
 def validate(cfg: DictConfig) -> RoundSettings:
     """Check every rule the streaming trainer relies on; raise one error listing what to change."""
     errors: list[str] = []
@@ -46,7 +51,7 @@ def validate(cfg: DictConfig) -> RoundSettings:
                       f"actor_rollout_ref.actor.ppo_mini_batch_size (U={u}): an optimizer step takes U whole groups, "
                       "as in the serial run")
     fw = u if rp.frontier_width == AUTO_WIDTH else resolve_frontier_width(
-        rp.frontier_width, strength, u, r, k, int(cfg.actor_rollout_ref.rollout.max_num_seqs))
+        rp.frontier_width, strength, u, r, k, int(cfg.actor_rollout_ref.rollout.max_num_seqs), multi_turn(cfg))
     if not isinstance(fw, int) or not 1 <= fw <= r:
         errors.append(f"rolloutpipe.frontier_width={fw!r} must be auto, engine or a number between 1 and "
                       f"data.train_batch_size={r}")
@@ -132,10 +137,12 @@ def validate(cfg: DictConfig) -> RoundSettings:
 
 def round_settings(cfg: DictConfig, **rolloutpipe_values) -> RoundSettings:
     """The run's ``RoundSettings`` from its (validated) config; ``rolloutpipe_values`` replace ``rolloutpipe.*``
-    values first (a bench mode spec: mode, fgd_strength, frontier_width, train_unit; ``num_groups``: the bench's R)."""
+    values first (a bench mode spec: mode, fgd_strength, frontier_width, train_unit; ``num_groups``: the bench's R;
+    ``multi_turn``: whether the bench's workload calls tools, which its rows say rather than the config)."""
     rp = {**{k: cfg.rolloutpipe[k] for k in ("mode", "fgd_strength", "frontier_width", "train_unit",
                                              "max_buffered_groups")}, **rolloutpipe_values}
     r = int(rp.pop("num_groups", cfg.data.train_batch_size))
+    trajectories_call_tools = bool(rp.pop("multi_turn", multi_turn(cfg)))
     filt = _get(cfg, "algorithm.filter_groups", None)
     filter_metric, extra = None, 0
     if filt is not None and filt.get("enable", False):
@@ -148,7 +155,7 @@ def round_settings(cfg: DictConfig, **rolloutpipe_values) -> RoundSettings:
         mode=rp["mode"], num_groups=r, group_size=int(cfg.actor_rollout_ref.rollout.n),
         step_groups=int(cfg.actor_rollout_ref.actor.ppo_mini_batch_size), fgd_strength=rp["fgd_strength"],
         frontier_width=rp["frontier_width"], train_unit=rp["train_unit"],
-        max_num_seqs=int(cfg.actor_rollout_ref.rollout.max_num_seqs),
+        max_num_seqs=int(cfg.actor_rollout_ref.rollout.max_num_seqs), multi_turn=trajectories_call_tools,
         max_buffered_groups=None if bound is None else int(bound), max_extra_groups=extra,
         filter_metric=filter_metric)
 

@@ -106,11 +106,12 @@ def rotated(modes: list[str], round_index: int) -> list[str]:
     return [*modes[i:], *modes[:i]]
 
 
-def round_settings_for(config, mode: str, num_groups: int) -> RoundSettings:
+def round_settings_for(config, mode: str, num_groups: int, multi_turn: bool) -> RoundSettings:
     """A bench mode spec's round settings at R = ``num_groups``: the run's config with the spec's values in its
-    place, through the one resolver the trainer uses (``config_check.round_settings``)."""
+    place, through the one resolver the trainer uses (``config_check.round_settings``); ``multi_turn``: the
+    workload calls tools (a ``TurnProfile``: its rows name the turn agent loop)."""
     rp = config.rolloutpipe
-    return round_settings(config, num_groups=num_groups,
+    return round_settings(config, num_groups=num_groups, multi_turn=multi_turn,
                           **parse_mode_spec(mode).config_values(rp.fgd_strength, rp.frontier_width))
 
 
@@ -143,7 +144,8 @@ def run_round(trainer, profile: LengthProfile | TurnProfile, num_groups: int, mo
         extra = {"verl_timing_s": out["verl_timing_s"], "round_settings": None}
     else:
         trainer.timeline_dir = out_dir / "timelines" / f"{profile.name}_R{num_groups}" / _mode_dir(mode)
-        result = trainer.fit_round(batch, settings=round_settings_for(trainer.config, mode, num_groups),
+        result = trainer.fit_round(batch, settings=round_settings_for(trainer.config, mode, num_groups,
+                                                                            isinstance(profile, TurnProfile)),
                                    draw_png=draw_png)
         trained, metrics, timeline = result.trained, dict(result.metrics), str(result.timeline_path)
         metrics[PREFIX + "old_log_prob_s"] = metrics.get("timing_s/rolloutpipe/old_log_prob", 0.0)

@@ -64,16 +64,17 @@ def _plain(value: Any) -> Any:
 
 def resolve_round_settings(*, mode: str, num_groups: int, group_size: int, step_groups: int, fgd_strength: str,
                            frontier_width: int | str | None, train_unit: str, max_num_seqs: int,
-                           max_buffered_groups: int | None, max_extra_groups: int, filter_metric: str | None,
-                           target_running: int | None = None) -> RoundSettings:
+                           multi_turn: bool, max_buffered_groups: int | None, max_extra_groups: int,
+                           filter_metric: str | None, target_running: int | None = None) -> RoundSettings:
     """The one resolver: config values (strings, the width's words) to a ``RoundSettings``. ``frontier_width``:
-    a number as given; ``engine`` (and null under ``paced``) from the engine's slots; null otherwise U; ``auto``
-    starts at U and is measured round by round. Raises ValueError on a value no enum has (``config_check`` reports
+    a number as given; ``engine`` (and null under ``paced``) from the engine's slots, or R when the trajectories
+    call tools (``multi_turn``: ``frontier.resolve_frontier_width`` says why); null otherwise U; ``auto`` starts at
+    U and is measured round by round. Raises ValueError on a value no enum has (``config_check`` reports
     bad values first, each naming its key)."""
     strength = FgdStrength(fgd_strength)
     auto = frontier_width == AUTO_WIDTH
     width = step_groups if auto else resolve_frontier_width(frontier_width, strength, step_groups, num_groups,
-                                                            group_size, max_num_seqs)
+                                                            group_size, max_num_seqs, multi_turn)
     return RoundSettings(Mode(mode), int(num_groups), int(group_size), int(step_groups), strength, int(width),
                          TrainUnit(train_unit), frontier_auto=auto, max_buffered_groups=max_buffered_groups,
                          max_extra_groups=int(max_extra_groups), filter_metric=filter_metric,

@@ -63,7 +63,8 @@ def _spec(mode: str, num_groups: int, settings: dict, record: dict | None = None
                                                                                 settings["U"]))
     return resolve_round_settings(**values, num_groups=num_groups, group_size=settings["K"],
                                   step_groups=settings["U"], max_num_seqs=settings["max_num_seqs"],
-                                  max_buffered_groups=None, max_extra_groups=0, filter_metric=None)
+                                  # records without round_settings predate the multi-turn width: as they ran
+                                  multi_turn=False, max_buffered_groups=None, max_extra_groups=0, filter_metric=None)
 
 
 def calibrate(metrics: dict[str, float], work: FixedLengths, spec: RoundSettings,
