@@ -395,6 +395,19 @@ def test_the_last_groups_admission_is_the_part_of_the_rollout_fgd_added():
     assert m["rollout_s"] == 5 and m["last_group_admitted_s"] == 3
 
 
+def test_the_bound_counts_only_the_last_steps_work_after_the_rollout():
+    """train_unit=groups, one step of 2 groups: g0 in at 2 and accumulated [2, 3] during the rollout, g1 (the last)
+    in at 5 and accumulated with the optimizer step [5, 6]. Only [5, 6] had to wait for the rollout's end: the bound
+    is max(5 + 1, 2 + 2) = 6, which the round reached; counting [2, 3] too would put it at 7, above what it did."""
+    groups = [{"order": g, "state": "consumed", "step_index": 0, "resends": 0,
+               "times": {"admitted": 0.0, "serving_complete": t, "materialized": t}} for g, t in ((0, 2.0), (1, 5.0))]
+    intervals = [{"start": 2.0, "end": 3.0, "step_index": 0, "group_ids": [0], "kind": "train"},
+                 {"start": 5.0, "end": 6.0, "step_index": 0, "group_ids": [1], "kind": "train"}]
+    m = RoundTimeline.from_dict({"settings": {}, "groups": groups, "intervals": intervals}).metrics()
+    m = {k.removeprefix(PREFIX): v for k, v in m.items()}
+    assert (m["rollout_s"], m["ideal_s"], m["rollout_to_train_end_s"]) == (5, 6, 6)
+
+
 def test_trainer_waiting_is_split_by_cause_and_adds_up():
     """R=3, U=1, admitted at 0. g0 in at 2, trained [2,3]; g1 in at 5, trained [5,6]; g2 (the last) in at 7,
     trained [7.5,9]: waiting 2 s for a first group, 2 + 1 s while later groups generate, 0.5 s after the last."""

@@ -103,13 +103,14 @@ def _paired(rounds: list[dict], base: list[dict], key: str = "rollout_to_train_e
     return _median(per_round), _bootstrap_median_ci(per_round), per_round
 
 
-def fraction_of_ideal(rec: dict | None, stock_rec: dict | None) -> float | None:
-    """The cut a mode achieved against verl's step (``reduction_vs_verl``, medians over the same rounds) divided by
-    the cut of the mode's own bound, ``ideal_s`` (its rollout plus its last optimizer step, or its first group plus
-    all its training): 1.0 = as fast as that round's rollout allows. None without a bound below verl's step."""
-    if not (rec and stock_rec and rec.get("ideal_s") and rec["ideal_s"] < stock_rec["rollout_to_train_end_s"]):
+def fraction_of_ideal(end_s: float, ideal_s: float, stock_end_s: float) -> float | None:
+    """One round's cut against verl's step (1 - end / stock's end) divided by the cut of the round's own bound,
+    ``ideal_s`` (its rollout plus its last optimizer step, or its first group plus all its training): 1.0 = as fast
+    as that round's own rollout allows, never above (a round cannot end before its bound). None when the bound is
+    not below verl's step (nothing to cut)."""
+    if not (ideal_s == ideal_s and stock_end_s > 0 and ideal_s < stock_end_s):
         return None
-    return rec["reduction_vs_verl"] / (1 - rec["ideal_s"] / stock_rec["rollout_to_train_end_s"])
+    return (1 - end_s / stock_end_s) / (1 - ideal_s / stock_end_s)
 
 
 def overlap_efficiency_vs_stock(mode_round: dict, stock_round: dict, sync_round: dict | None,
@@ -178,10 +179,14 @@ def summarize(raw: dict) -> dict[str, Any]:
             lo, hi = rec["reduction_vs_verl_ci"]
             rec["verdict_vs_verl"] = "faster" if lo > 0 else "slower" if hi < 0 else "no difference shown"
             if rec["mode"] != STOCK:
-                rec["fraction_of_ideal"] = fraction_of_ideal(rec, next(
-                    (x for x in records if (x["workload"], x["R"], x["mode"]) == (w, r_, STOCK)), None))
                 sync_rounds = {x["round"]: x for x in by_setting.get((w, r_, "sync"), [])}
                 stock_rounds = {x["round"]: x for x in stock}
+                fractions = [fraction_of_ideal(x["metrics"][PREFIX + "rollout_to_train_end_s"],
+                                               x["metrics"].get(PREFIX + "ideal_s", float("nan")),
+                                               stock_rounds[x["round"]]["metrics"][PREFIX + "rollout_to_train_end_s"])
+                             for x in rounds if x["round"] in stock_rounds]
+                rec["fraction_of_ideal_per_round"] = [f for f in fractions if f is not None]
+                rec["fraction_of_ideal"] = _median(rec["fraction_of_ideal_per_round"])
                 share = (u / r_) if u else 0.0
                 rec["overlap_efficiency_own_rollout"] = rec["overlap_efficiency"]  # the timeline's, own T_rollout
                 rec["overlap_efficiency"] = _median([
@@ -270,6 +275,7 @@ def markdown(summary: dict[str, Any]) -> str:
                   "|---" * 9 + "|"]
         for r in paired:
             frac = r.get("fraction_of_ideal")
+            frac = None if frac is None or frac != frac else frac
             lines.append(f"| {r['workload']} | {r['R']} | {r['mode']} | {_ci(r, 'rollout_vs_stock', False)} | "
                          f"{_ci(r, 'worker_compute_vs_stock', False)} | {_ci(r, 'rollout_vs_cgp', False)} | "
                          f"{_ci(r, 'first_group_vs_cgp_s', False)} | "

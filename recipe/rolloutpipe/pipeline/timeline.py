@@ -136,7 +136,13 @@ class RoundTimeline:
         materialized = self._times(GroupState.MATERIALIZED.value)
         first_ready = (min(materialized) - t0) if materialized else math.nan
         per_step = self.seconds_per_step(kind=None)
-        t_last_step = per_step[max(per_step)]
+        last_step = max(per_step)
+        # the last step's trainer work that had to wait for the rollout's end: with train_unit=groups, its calls on
+        # groups that came earlier ran during the rollout and are no part of the bound (counting them put ideal_s
+        # above what groups rounds achieved); with step and steps the step's calls all start after its last group
+        after = [(iv.end - iv.start) / iv.steps for iv in self.intervals
+                 if last_step in iv.step_indices and iv.start >= t0 + t_rollout - 1e-9]
+        t_last_step = sum(after) if after else per_step[last_step]
         ideal = max(t_rollout + t_last_step, first_ready + t_train)
         serial = t_rollout + t_train
         wait = max(0.0, window - busy)
