@@ -116,6 +116,11 @@ class RoundTimeline:
     def _times(self, state: str) -> list[float]:
         return [g["times"][state] for g in self.groups if state in g["times"]]
 
+    def _rollout_end(self) -> tuple[float, dict[str, Any]]:
+        """When the round's rollout ended (its last group materialized or filtered) and that group."""
+        return max(((max(g["times"][s] for s in _ROLLOUT_DONE if s in g["times"]), g) for g in self.groups
+                    if any(s in g["times"] for s in _ROLLOUT_DONE)), key=lambda done: done[0])
+
     def metrics(self) -> dict[str, float]:
         """architecture.md §4, seconds relative to the first admission of the round."""
         admits = self._times(GroupState.ADMITTED.value)
@@ -126,12 +131,10 @@ class RoundTimeline:
         window = train_end - t0
         busy = sum(max(0.0, min(iv.end, train_end) - max(iv.start, t0)) for iv in self.intervals)
         t_train = sum(iv.end - iv.start for iv in self.intervals)
-        rollout_done = [g["times"][s] for g in self.groups for s in _ROLLOUT_DONE if s in g["times"]]
-        t_rollout = max(rollout_done) - t0
+        rollout_end, last = self._rollout_end()
+        t_rollout = rollout_end - t0
         # the round's rollout ends with its last group: when that group was let in (FGD can admit it late) and how
         # long it then took are the two parts of T_rollout
-        last = max((g for g in self.groups if any(s in g["times"] for s in _ROLLOUT_DONE)),
-                   key=lambda g: max(g["times"][s] for s in _ROLLOUT_DONE if s in g["times"]))
         last_admitted = last["times"].get(GroupState.ADMITTED.value, t0) - t0
         materialized = self._times(GroupState.MATERIALIZED.value)
         first_ready = (min(materialized) - t0) if materialized else math.nan
@@ -181,7 +184,7 @@ class RoundTimeline:
         if not admits or not self.intervals:
             return {}
         t0 = min(admits)
-        rollout_done = max(g["times"][s] for g in self.groups for s in _ROLLOUT_DONE if s in g["times"])
+        rollout_done, _ = self._rollout_end()
         ivs = sorted(self.intervals, key=lambda iv: iv.start)
         before = max(0.0, ivs[0].start - t0)
         generating = after = 0.0
