@@ -15,7 +15,13 @@ import pytest
 
 from recipe.rolloutpipe.bench.agent_loop import PrescribedToolCalls, parse_lengths
 from recipe.rolloutpipe.bench.pinning import cpu_category, descendants, this_ray_node
-from recipe.rolloutpipe.bench.report import markdown, overlap_efficiency_vs_stock, rollout_vs_r, summarize
+from recipe.rolloutpipe.bench.report import (
+    completion_order_rho,
+    markdown,
+    overlap_efficiency_vs_stock,
+    rollout_vs_r,
+    summarize,
+)
 from recipe.rolloutpipe.bench.runner import rotated
 from recipe.rolloutpipe.mode_specs import ModeSpec, parse_mode_spec
 from recipe.rolloutpipe.workloads import (
@@ -144,6 +150,9 @@ def test_summary_compares_each_mode_with_verl_and_sync_of_the_same_round():
     # (1 - 8/20) / (1 - 6/20), (1 - 8/16) / (1 - 6/16) = 1, 6/7, 0.8; the median is the record's
     assert recs["cgp"]["fraction_of_ideal_per_round"] == pytest.approx([1, 6 / 7, 0.8])
     assert recs["cgp"]["fraction_of_ideal"] == pytest.approx(6 / 7)
+    # the bound's own cut, the most cgp could cut on these rounds: 1 - 6/20, 1 - 6/20, 1 - 6/16
+    assert recs["cgp"]["bound_reduction_vs_verl_per_round"] == pytest.approx([0.7, 0.7, 0.625])
+    assert recs["cgp"]["bound_reduction_vs_verl"] == pytest.approx(0.7)
     assert "fraction_of_ideal" not in recs["stock"]
     assert recs["cgp"]["cpu_s_per_round"] == {"rollout": 3.6, "trainer": 0.0, "driver": 0.0, "ray_daemons": 0.25,
                                               "kernel": 0.5, "other": 0.0}
@@ -336,6 +345,17 @@ def test_rollout_calls_summary_pairs_rounds_and_measures_the_machine_drift():
     assert s["per_group"]["cpu_s"]["rollout:VLLM::Worker"] == pytest.approx(3 * 1.1 * 1.1)
     assert s["machine"]["corr_probe_vs_pool_cpu"] > 0.9
     assert s["machine"]["pool_cpu_s_max"] / s["machine"]["pool_cpu_s_min"] == pytest.approx(1.6 / 0.8 * 1.1)
+
+
+def test_completion_order_says_whether_fcfs_already_served_the_frontier_first():
+    def timeline(done: list[float]) -> dict:
+        return {"groups": [{"order": i, "times": {"serving_complete": t}} for i, t in enumerate(done)]}
+
+    assert completion_order_rho(timeline([1.0, 2.0, 2.5, 4.0])) == pytest.approx(1.0)  # in submission order
+    assert completion_order_rho(timeline([4.0, 3.0, 2.0, 1.0])) == pytest.approx(-1.0)
+    assert completion_order_rho(timeline([1.0, 3.0, 2.0, 4.0])) == pytest.approx(0.8)  # one pair swapped
+    rho = completion_order_rho(timeline([5.0] * 4))  # verl's step: the batch ends at once, no order
+    assert rho != rho
 
 
 def test_mode_specs():

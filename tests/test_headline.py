@@ -17,7 +17,8 @@ def _run(cuts: dict[str, list[float]], stock_s: float = 8.0, ideal_s: float = 5.
         records.append({"workload": "sci-longtail", "R": 16, "mode": mode, "rounds": len(per_round),
                         "reduction_vs_verl": float(np.median(per_round)), "reduction_vs_verl_ci": [0, 0],
                         "reduction_vs_verl_per_round": per_round, "ideal_s": ideal_s,
-                        "fraction_of_ideal_per_round": [x / (1 - ideal_s / stock_s) for x in per_round]})
+                        "fraction_of_ideal_per_round": [x / (1 - ideal_s / stock_s) for x in per_round],
+                        "bound_reduction_vs_verl_per_round": [1 - ideal_s / stock_s] * len(per_round)})
     return {"git_commit": "abc1234", "settings": {"wall_s": 500.0}, "records": records}
 
 
@@ -41,6 +42,7 @@ def test_median_and_ci_cover_every_round_of_every_launch():
     assert m["per_run_median"] == [r["records"][2]["reduction_vs_verl"] for r in runs]
     # the bound's cut is 1 - 5.6 / 8 = 0.3: a 0.27 cut is 0.9 of it; the median over every round of every launch
     assert m["fraction_of_ideal"] == pytest.approx(np.median([x / 0.3 for x in pooled]))
+    assert m["bound_reduction_vs_verl"] == pytest.approx(0.3)
 
 
 def test_a_wider_spread_gives_a_wider_ci():
@@ -74,6 +76,7 @@ def test_readme_table_is_regenerated_between_its_markers(tmp_path):
     assert "old table" not in once and once.startswith("# Title\nbefore\n") and once.endswith("\nafter\n")
     row = next(line for line in once.splitlines() if line.startswith("| `cgp_fgd`"))
     assert f"**{100 * h['modes']['cgp_fgd']['median_reduction_vs_verl']:+.1f} %**" in row
+    assert "| +30 % |" in row  # the bound's cut (1 - 5.6 / 8) beside the achieved one
     readme.write_text("no markers\n")
     with pytest.raises(SystemExit, match="no headline table markers"):
         headline.write_readme_table(h, readme)

@@ -65,12 +65,15 @@ def summarize(runs: list[dict], commit: str, rounds_per_run: int) -> dict[str, A
         pooled = [x for run in per_run for x in run if x == x]
         # per round (a round cannot end before its bound, so each is at most 1), pooled over the launches
         fractions = [f for rec, _ in recs if rec for f in rec.get("fraction_of_ideal_per_round", [])]
+        bounds = [b for rec, _ in recs if rec for b in rec.get("bound_reduction_vs_verl_per_round", [])]
         out["modes"][mode] = {
             "median_reduction_vs_verl": float(np.median(pooled)) if pooled else float("nan"),
             "reduction_vs_verl_ci": median_ci(per_run),
             "per_run_median": [rec["reduction_vs_verl"] for rec, _ in recs if rec],
             "rounds": len(pooled),
             "fraction_of_ideal": float(np.median(fractions)) if fractions else None,
+            # the cut of the mode's own bound (rollout + last optimizer step) on the same rounds: the most it could cut
+            "bound_reduction_vs_verl": float(np.median(bounds)) if bounds else None,
         }
     cut = out["modes"]
     out["targets"] = {
@@ -93,14 +96,16 @@ def readme_table(h: dict) -> str:
              f"paired rounds on commit `{h['git_commit'][:7]}`; verl's own step took {step:.2f} s (median of the runs' "
              "medians). Cut = 1 − T_mode / T_verl on the same round; CI: BCa bootstrap of the median, rounds "
              "resampled within their launch.", "",
-             "| mode | median cut vs verl's step | 95 % CI | per launch | fraction of the ideal cut |",
-             "|---|---|---|---|---|"]
+             "| mode | median cut vs verl's step | 95 % CI | per launch | its bound's cut | fraction of the ideal "
+             "cut |",
+             "|---|---|---|---|---|---|"]
     for mode, m in h["modes"].items():
         lo, hi = m["reduction_vs_verl_ci"]
         frac = "–" if m["fraction_of_ideal"] is None else f"{m['fraction_of_ideal']:.2f}"
+        bound = "–" if m.get("bound_reduction_vs_verl") is None else pct(m["bound_reduction_vs_verl"])
         # the median with one decimal: it is what the targets are judged on (24.9 % must not read as 25 %)
         lines.append(f"| `{mode}` | **{pct(m['median_reduction_vs_verl'], 1)}** | [{pct(lo)}, {pct(hi)}] | "
-                     f"{', '.join(pct(x) for x in m['per_run_median'])} | {frac} |")
+                     f"{', '.join(pct(x) for x in m['per_run_median'])} | {bound} | {frac} |")
     t = h["targets"]
     lines += ["", f"Targets: `cgp_fgd` {TARGETS['cgp_fgd']}: **{'met' if t['cgp_fgd'] else 'not met'}**; `sync` "
               f"{TARGETS['sync']}: **{'met' if t['sync'] else 'not met'}**.", TABLE_END]
