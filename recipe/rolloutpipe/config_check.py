@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from .pipeline.frontier import resolve_frontier_width
 from .pipeline.modes import AUTO_WIDTH, ENGINE_WIDTH, TRAINER_MODES, FgdStrength, Mode, TrainUnit
 from .pipeline.settings import RoundSettings, resolve_round_settings
 from .prepare import TASKS
@@ -50,9 +49,8 @@ def validate(cfg: DictConfig) -> RoundSettings:
         errors.append(f"data.train_batch_size (R={r}) must be a multiple of "
                       f"actor_rollout_ref.actor.ppo_mini_batch_size (U={u}): an optimizer step takes U whole groups, "
                       "as in the serial run")
-    fw = u if rp.frontier_width == AUTO_WIDTH else resolve_frontier_width(
-        rp.frontier_width, strength, u, r, k, int(cfg.actor_rollout_ref.rollout.max_num_seqs), multi_turn(cfg))
-    if not isinstance(fw, int) or not 1 <= fw <= r:
+    fw = rp.frontier_width  # the words and null resolve to a width in [U, R] (the one resolver, round_settings)
+    if fw not in (AUTO_WIDTH, ENGINE_WIDTH, None) and not (isinstance(fw, int) and 1 <= fw <= r):
         errors.append(f"rolloutpipe.frontier_width={fw!r} must be auto, engine or a number between 1 and "
                       f"data.train_batch_size={r}")
     if rp.frontier_width in (AUTO_WIDTH, ENGINE_WIDTH) and rp.fgd_strength == FgdStrength.PRIORITY:
