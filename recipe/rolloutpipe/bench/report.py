@@ -115,14 +115,19 @@ def _paired(rounds: list[dict], base: list[dict], key: str = "rollout_to_train_e
     return _median(per_round), _bootstrap_median_ci(per_round), per_round
 
 
+def cut_vs_verl(end_s: float, stock_end_s: float) -> float:
+    """A round's cut against verl's step of the same round: 1 - end / stock's end."""
+    return 1 - end_s / stock_end_s
+
+
 def fraction_of_ideal(end_s: float, ideal_s: float, stock_end_s: float) -> float | None:
-    """One round's cut against verl's step (1 - end / stock's end) divided by the cut of the round's own bound,
-    ``ideal_s`` (its rollout plus its last optimizer step, or its first group plus all its training): 1.0 = as fast
-    as that round's own rollout allows, never above (a round cannot end before its bound). None when the bound is
-    not below verl's step (nothing to cut)."""
+    """One round's cut against verl's step divided by the cut of the round's own bound, ``ideal_s`` (its rollout
+    plus its last optimizer step, or its first group plus all its training): 1.0 = as fast as that round's own
+    rollout allows, never above (a round cannot end before its bound). None when the bound is not below verl's step
+    (nothing to cut)."""
     if not (ideal_s == ideal_s and stock_end_s > 0 and ideal_s < stock_end_s):
         return None
-    return (1 - end_s / stock_end_s) / (1 - ideal_s / stock_end_s)
+    return cut_vs_verl(end_s, stock_end_s) / cut_vs_verl(ideal_s, stock_end_s)
 
 
 def overlap_efficiency_vs_stock(mode_round: dict, stock_round: dict, sync_round: dict | None,
@@ -194,17 +199,18 @@ def summarize(raw: dict) -> dict[str, Any]:
             if rec["mode"] != STOCK:
                 sync_rounds = {x["round"]: x for x in by_setting.get((w, r_, "sync"), [])}
                 stock_rounds = {x["round"]: x for x in stock}
-                fractions = [fraction_of_ideal(x["metrics"][PREFIX + "rollout_to_train_end_s"],
-                                               x["metrics"].get(PREFIX + "ideal_s", float("nan")),
-                                               stock_rounds[x["round"]]["metrics"][PREFIX + "rollout_to_train_end_s"])
-                             for x in rounds if x["round"] in stock_rounds]
+                # each round's own metrics beside verl's end of the same round
+                ends = [(x["metrics"], stock_rounds[x["round"]]["metrics"][PREFIX + "rollout_to_train_end_s"])
+                        for x in rounds if x["round"] in stock_rounds]
+                fractions = [fraction_of_ideal(m[PREFIX + "rollout_to_train_end_s"],
+                                               m.get(PREFIX + "ideal_s", float("nan")), stock_end)
+                             for m, stock_end in ends]
                 rec["fraction_of_ideal_per_round"] = [f for f in fractions if f is not None]
                 rec["fraction_of_ideal"] = _median(rec["fraction_of_ideal_per_round"])
                 # the most this mode could cut on these rounds: a target above it is not reachable by scheduling
                 rec["bound_reduction_vs_verl_per_round"] = [
-                    1 - x["metrics"][PREFIX + "ideal_s"] / stock_rounds[x["round"]]["metrics"][
-                        PREFIX + "rollout_to_train_end_s"]
-                    for x in rounds if x["round"] in stock_rounds and x["metrics"].get(PREFIX + "ideal_s", 0) > 0]
+                    cut_vs_verl(m[PREFIX + "ideal_s"], stock_end) for m, stock_end in ends
+                    if m.get(PREFIX + "ideal_s", 0) > 0]
                 rec["bound_reduction_vs_verl"] = _median(rec["bound_reduction_vs_verl_per_round"])
                 share = (u / r_) if u else 0.0
                 rec["overlap_efficiency_own_rollout"] = rec["overlap_efficiency"]  # the timeline's, own T_rollout
