@@ -144,7 +144,7 @@ class RoundTimeline:
         # groups that came earlier ran during the rollout and are no part of the bound (counting them put ideal_s
         # above what groups rounds achieved); with step and steps the step's calls all start after its last group
         after = [(iv.end - iv.start) / iv.steps for iv in self.intervals
-                 if last_step in iv.step_indices and iv.start >= t0 + t_rollout - 1e-9]
+                 if last_step in iv.step_indices and iv.start >= rollout_end - 1e-9]
         t_last_step = sum(after) if after else per_step[last_step]
         ideal = max(t_rollout + t_last_step, first_ready + t_train)
         serial = t_rollout + t_train
