@@ -46,11 +46,12 @@ def _measured(setting: dict) -> list[dict]:
     return [r for r in setting["rounds"] if not r["warmup"]]
 
 
-def group_overheads(timeline: dict) -> dict[str, float]:
-    """Per-round pipeline cost read from a timeline: per-group materialize time (reward, advantages, rows)."""
+def materialize_per_group_s(timeline: dict) -> float:
+    """A round's per-group pipeline cost read from its timeline: the median time from a group's last response to
+    its rows being trainable (reward, advantages, rows)."""
     mats = [g["times"]["materialized"] - g["times"]["serving_complete"] for g in timeline["groups"]
             if "materialized" in g["times"] and "serving_complete" in g["times"]]
-    return {"materialize_per_group_s": _median(mats)}
+    return _median(mats)
 
 
 def completion_order_rho(timeline: dict) -> float:
@@ -173,7 +174,7 @@ def summarize(raw: dict) -> dict[str, Any]:
         rec["no_work_s"] = _median(idle)
         timelines = [json.loads(Path(r["timeline"]).read_text()) for r in rounds
                      if r.get("timeline") and Path(r["timeline"]).exists()]
-        rec["materialize_per_group_s"] = _median([group_overheads(t)["materialize_per_group_s"] for t in timelines])
+        rec["materialize_per_group_s"] = _median([materialize_per_group_s(t) for t in timelines])
         rec["completion_order_rho"] = _median([completion_order_rho(t) for t in timelines])
         rec["workload_shape"] = rounds[0]["workload_shape"] if rounds else {}
         rec["lengths_honoured"] = min((r.get("lengths_honoured", float("nan")) for r in rounds), default=float("nan"))
